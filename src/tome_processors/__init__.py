@@ -1,0 +1,22 @@
+"""Token Merging (ToMe) for Stable Diffusion as composable diffusers attention processors.
+
+Example:
+    >>> import tome_processors
+    >>> tome_processors.apply_tome(pipe, ratio=0.5)  # doctest: +SKIP
+    >>> pipe.unet.set_attn_processor(tome_processors.ToMeProcessor(ratio=0.5))  # doctest: +SKIP
+"""
+
+from .apply import apply_tome, is_tome_applied, remove_tome
+from .config import ToMeConfig
+from .processor import ToMeProcessor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ToMeConfig",
+    "ToMeProcessor",
+    "__version__",
+    "apply_tome",
+    "is_tome_applied",
+    "remove_tome",
+]

@@ -1,0 +1,140 @@
+"""`apply_tome` / `remove_tome`: wrap every attention processor and install the merge context."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, TypeVar
+
+import torch
+from diffusers.models.attention_processor import Attention
+
+from .attach import discard_pending
+from .config import ToMeConfig
+from .hooks import CONTEXT_ATTR, ToMeContext, attention_levels, install, spatial_transformer_blocks
+from .processor import ToMeProcessor
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def _target_models(model_or_pipeline: Any) -> list[torch.nn.Module]:
+    """The denoiser(s) of a pipeline, or the model itself."""
+    if isinstance(model_or_pipeline, torch.nn.Module):
+        return [model_or_pipeline]
+    for name in ("unet", "transformer"):
+        candidate = getattr(model_or_pipeline, name, None)
+        if isinstance(candidate, torch.nn.Module):
+            return [candidate]
+    raise TypeError(
+        "Expected a diffusers model (torch.nn.Module) or a pipeline with a `unet` or `transformer`, "
+        f"but got {type(model_or_pipeline).__name__}."
+    )
+
+
+def _attention_modules(model: torch.nn.Module) -> list[Attention]:
+    return [m for m in model.modules() if isinstance(m, Attention) and hasattr(m, "processor")]
+
+
+def _check_mergeable(model: torch.nn.Module) -> None:
+    if not _attention_modules(model) or not spatial_transformer_blocks(model):
+        raise ValueError(
+            "Expected a model with attention inside spatial transformer blocks (BasicTransformerBlock in "
+            f"Transformer2DModel), but got {type(model).__name__}, which has none."
+        )
+
+
+def _warn_if_merges_nothing(model: torch.nn.Module, config: ToMeConfig) -> None:
+    levels = attention_levels(model)
+    if config.max_downsample != "auto" and levels and config.max_downsample < min(levels):
+        warnings.warn(
+            f"ToMe with max_downsample={config.max_downsample} merges nothing on {type(model).__name__}: its "
+            f"attention starts at downsample {min(levels)}. Use max_downsample='auto' or >= {min(levels)}.",
+            UserWarning,
+            stacklevel=3,
+        )
+    elif config.ratio == 0 or not (config.merge_attn or config.merge_crossattn or config.merge_mlp):
+        warnings.warn(
+            "ToMe with this configuration merges nothing (ratio 0 or every merge flag off).", stacklevel=3
+        )
+
+
+def _unwrap_processors(model: torch.nn.Module) -> None:
+    for attn in _attention_modules(model):
+        if isinstance(attn.processor, ToMeProcessor):
+            attn.set_processor(attn.processor.inner)
+
+
+def apply_tome(model_or_pipeline: T, config: ToMeConfig | None = None, **kwargs: Any) -> T:
+    """Apply Token Merging to a diffusers model or pipeline, keeping its current attention processors.
+
+    Every attention module's processor is wrapped in a `ToMeProcessor` (so xFormers, SDPA,
+    IP-Adapter or your own processor stays the inner one) and hooks that compute one merge per
+    transformer block per forward are installed. Applying again replaces the earlier application.
+
+    Args:
+        model_or_pipeline: a `UNet2DConditionModel` (or another model with spatial transformer
+            blocks), or a pipeline with a `unet`.
+        config: a `ToMeConfig`; keyword options override its fields.
+
+    Returns:
+        `model_or_pipeline`, changed in place.
+
+    Example:
+        >>> import tome_processors
+        >>> tome_processors.apply_tome(pipe, ratio=0.5)  # doctest: +SKIP
+        >>> image = pipe("a photo of an astronaut riding a horse on mars").images[0]  # doctest: +SKIP
+        >>> tome_processors.remove_tome(pipe)  # doctest: +SKIP
+    """
+    config = ToMeConfig.from_kwargs(config, **kwargs)
+    models = _target_models(model_or_pipeline)
+    for model in models:  # check everything before changing anything
+        _check_mergeable(model)
+    for model in models:
+        _warn_if_merges_nothing(model, config)
+        remove_tome(model)
+        context = install(model, config)
+        wrappers = []
+        for attn in _attention_modules(model):
+            wrapper = ToMeProcessor(attn.processor, config)
+            wrappers.append(wrapper)
+            attn.set_processor(wrapper)
+        discard_pending(wrappers)
+        setattr(model, CONTEXT_ATTR, context)
+        logger.debug("ToMe applied to %s: %d blocks", type(model).__name__, len(context.blocks))
+    return model_or_pipeline
+
+
+def remove_tome(model_or_pipeline: T) -> T:
+    """Take ToMe away: inner processors back in place, hooks and attributes gone.
+
+    The model's output is then bit-identical to never having applied ToMe. Removing from a model
+    without ToMe does nothing.
+
+    Example:
+        >>> tome_processors.remove_tome(pipe.unet)  # doctest: +SKIP
+    """
+    for model in _target_models(model_or_pipeline):
+        context: ToMeContext | None = model.__dict__.get(CONTEXT_ATTR)
+        if context is not None:
+            context.remove(model)
+        _unwrap_processors(model)
+    return model_or_pipeline
+
+
+def attach_processors(model: torch.nn.Module, processors: list[ToMeProcessor], args: tuple) -> None:
+    """Install the merge context for processors that were set directly (see `attach.py`)."""
+    discard_pending(processors)
+    if CONTEXT_ATTR in model.__dict__ or not spatial_transformer_blocks(model):
+        return
+    context = install(model, processors[0].config)
+    setattr(model, CONTEXT_ATTR, context)
+    # This forward's own pre-hook list was fixed before the context existed: run it by hand.
+    model_pre_hook = model._forward_pre_hooks[context.handles[0].id]
+    model_pre_hook(model, args, {})
+
+
+def is_tome_applied(model_or_pipeline: Any) -> bool:
+    """Whether ToMe's merge context is installed on the model (or the pipeline's denoiser)."""
+    return any(CONTEXT_ATTR in m.__dict__ for m in _target_models(model_or_pipeline))

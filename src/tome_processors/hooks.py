@@ -1,0 +1,165 @@
+"""The block-level merge context: forward hooks that fill and clear `ModelState` / `BlockState`.
+
+A call flows one way:
+model pre-hook (latent size, timestep) -> block pre-hook (raw block input = the metric) ->
+processors and feed-forward hooks (merge, run, unmerge) -> block post-hook (clear).
+No forward is copied and no class is swapped; removing the handles restores the model.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from diffusers.models.attention import BasicTransformerBlock
+from diffusers.models.attention_processor import Attention
+
+from .config import ToMeConfig
+from .context import BlockState, ModelState, step_key_from_timestep
+from .processor import SLOT_ATTR, AttentionSlot
+
+logger = logging.getLogger(__name__)
+
+#: Attribute on the root model while ToMe is applied: its `ToMeContext`.
+CONTEXT_ATTR = "_tome_context"
+
+
+@dataclass
+class ToMeContext:
+    """Everything ToMe added to one model, so that removal can take exactly that away."""
+
+    model_state: ModelState
+    blocks: list[BlockState] = field(default_factory=list)
+    slotted: list[Attention] = field(default_factory=list)
+    handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
+
+    def remove(self, model: torch.nn.Module) -> None:
+        for handle in self.handles:
+            handle.remove()
+        for attn in self.slotted:
+            if SLOT_ATTR in attn.__dict__:
+                delattr(attn, SLOT_ATTR)
+        for block in self.blocks:
+            block.reset()
+        self.handles.clear()
+        self.slotted.clear()
+        if CONTEXT_ATTR in model.__dict__:
+            delattr(model, CONTEXT_ATTR)
+
+
+def _first(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    if len(args) > position:
+        return args[position]
+    return kwargs.get(name)
+
+
+def _is_mergeable_attention(attn: Any) -> bool:
+    # Residual/group-norm attention (the VAE's) works on 4-D maps with a residual added inside the
+    # processor: merging there would add the residual to merged tokens.
+    return (
+        isinstance(attn, Attention)
+        and not getattr(attn, "residual_connection", False)
+        and getattr(attn, "group_norm", None) is None
+        and getattr(attn, "spatial_norm", None) is None
+    )
+
+
+def spatial_transformer_blocks(model: torch.nn.Module) -> list[BasicTransformerBlock]:
+    """The `BasicTransformerBlock`s that attend over image tokens, in module order.
+
+    Only blocks inside a `Transformer2DModel` count: the same block class inside temporal
+    transformers (AnimateDiff motion modules) attends over frames, and merging would mix them.
+    """
+    from diffusers.models.transformers.transformer_2d import Transformer2DModel  # noqa: PLC0415
+
+    blocks: list[BasicTransformerBlock] = []
+    for module in model.modules():
+        if isinstance(module, Transformer2DModel):
+            blocks.extend(b for b in module.transformer_blocks if isinstance(b, BasicTransformerBlock))
+    return blocks
+
+
+def attention_levels(model: torch.nn.Module) -> list[int]:
+    """Downsample factors of the UNet levels whose down block has attention (e.g. [1, 2, 4] on SD1.5)."""
+    down_blocks = getattr(model, "down_blocks", None)
+    if down_blocks is None:
+        return []
+    return [2**i for i, block in enumerate(down_blocks) if len(getattr(block, "attentions", None) or []) > 0]
+
+
+def install(model: torch.nn.Module, config: ToMeConfig) -> ToMeContext:
+    """Install the merge context on `model`: a model pre-hook and hooks on every spatial block."""
+    levels = attention_levels(model)
+    context = ToMeContext(ModelState(config=config, auto_downsample=min(levels) if levels else 1))
+    state = context.model_state
+
+    def model_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        sample = _first(args, kwargs, 0, "sample")
+        if isinstance(sample, torch.Tensor) and sample.ndim >= 4:
+            state.latent_hw = (int(sample.shape[-2]), int(sample.shape[-1]))
+            state.step_key = step_key_from_timestep(_first(args, kwargs, 1, "timestep"), sample.device)
+        else:
+            state.reset()
+
+    context.handles.append(model.register_forward_pre_hook(model_pre_hook, with_kwargs=True))
+
+    for index, block in enumerate(spatial_transformer_blocks(model)):
+        block_state = BlockState(state, index)
+        context.blocks.append(block_state)
+        _install_block(context, block, block_state, config)
+    return context
+
+
+def _install_block(
+    context: ToMeContext, block: BasicTransformerBlock, block_state: BlockState, config: ToMeConfig
+) -> None:
+    def block_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        block_state.reset()
+        hidden_states = _first(args, kwargs, 0, "hidden_states")
+        # The raw block input, before norm1: tomesd's similarity metric.
+        block_state.metric = hidden_states if isinstance(hidden_states, torch.Tensor) else None
+
+    def block_post_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        block_state.reset()
+
+    context.handles.append(block.register_forward_pre_hook(block_pre_hook, with_kwargs=True))
+    context.handles.append(block.register_forward_hook(block_post_hook, with_kwargs=True, always_call=True))
+
+    for attn, is_cross in ((block.attn1, block.only_cross_attention), (block.attn2, True)):
+        if attn is not None and _is_mergeable_attention(attn):
+            setattr(attn, SLOT_ATTR, AttentionSlot(block_state, is_cross))
+            context.slotted.append(attn)
+
+    if config.merge_mlp and getattr(block, "ff", None) is not None:
+        _install_feed_forward(context, block.ff, block_state, config)
+
+
+def _install_feed_forward(
+    context: ToMeContext, ff: torch.nn.Module, block_state: BlockState, config: ToMeConfig
+) -> None:
+    # The feed-forward is no attention module, so it gets a pre-hook (merge) and a hook (unmerge).
+    def ff_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        block_state.ff_merge = None
+        hidden_states = _first(args, kwargs, 0, "hidden_states")
+        merge = block_state.merge_for(config)
+        # Chunked feed-forward (set_chunk_feed_forward) sees slices: leave those alone.
+        if merge is None or not isinstance(hidden_states, torch.Tensor) or hidden_states.ndim != 3:
+            return None
+        if (merge.batch, merge.num_tokens) != tuple(hidden_states.shape[:2]):
+            return None
+        block_state.ff_merge = merge
+        merged = merge.merge(hidden_states)
+        if args:
+            return (merged, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": merged}
+
+    def ff_post_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        merge, block_state.ff_merge = block_state.ff_merge, None
+        if merge is None or not isinstance(output, torch.Tensor):  # output is None after an exception
+            return None
+        return merge.unmerge(output)
+
+    context.handles.append(ff.register_forward_pre_hook(ff_pre_hook, with_kwargs=True))
+    context.handles.append(ff.register_forward_hook(ff_post_hook, with_kwargs=True, always_call=True))

@@ -1,0 +1,213 @@
+"""Token merging math: bipartite soft matching on a 2-D token grid.
+
+Pure tensor functions; nothing here knows about diffusers. Shapes use B (batch), N (tokens),
+C (channels), M (tokens left after merging) and a token grid of h rows by w columns, row-major.
+
+A merge is described by one index per token, the row of the merged tensor that the token goes
+into. Merging is then a sum into rows divided by the row sizes (`index_add_`), and unmerging is a
+single `index_select` that copies each row back to every token that went into it. Neither needs
+`scatter_reduce` or `gather`, which are missing or wrong on some backends (MPS, DirectML, ONNX).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+__all__ = [
+    "TokenMerge",
+    "bipartite_soft_matching_2d",
+    "grid_partition",
+    "window_choice",
+]
+
+
+@dataclass(frozen=True)
+class TokenMerge:
+    """A computed merge: which row of the merged tensor each token goes to.
+
+    Attributes:
+        token_row: `(B * N,)` long, the flat row (`b * M + m`) that token `n` of sample `b` goes into.
+        row_size: `(B * M, 1)` the number of tokens in each merged row, in the metric's dtype.
+        batch: B.
+        num_tokens: N.
+        num_rows: M.
+    """
+
+    token_row: torch.Tensor
+    row_size: torch.Tensor
+    batch: int
+    num_tokens: int
+    num_rows: int
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        """`(B, N, C)` -> `(B, M, C)`: each row is the mean of the tokens that went into it."""
+        B, N, C = x.shape
+        if (B, N) != (self.batch, self.num_tokens):
+            raise ValueError(
+                f"Expected tokens of shape ({self.batch}, {self.num_tokens}, C), but got {tuple(x.shape)}."
+            )
+        summed = x.new_zeros(B * self.num_rows, C).index_add_(0, self.token_row, x.reshape(B * N, C))
+        return (summed / self.row_size.to(x.dtype)).view(B, self.num_rows, C)
+
+    def unmerge(self, y: torch.Tensor) -> torch.Tensor:
+        """`(B, M, C)` -> `(B, N, C)`: every token gets a copy of its row."""
+        B, M, C = y.shape
+        return y.reshape(B * M, C).index_select(0, self.token_row).view(B, self.num_tokens, C)
+
+
+@lru_cache(maxsize=64)
+def _fixed_partition(h: int, w: int, sx: int, sy: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    # Top-left destinations depend only on the grid: cache them per (grid, device).
+    return _partition(h, w, sx, sy, torch.zeros(h // sy, w // sx, dtype=torch.long, device=device))
+
+
+def _partition(h: int, w: int, sx: int, sy: int, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    hsy, wsx = h // sy, w // sx
+    device = choice.device
+    # Position of each window's destination: window origin + (choice // sx, choice % sx).
+    rows = torch.arange(hsy, device=device).view(hsy, 1) * sy + torch.div(choice, sx, rounding_mode="floor")
+    cols = torch.arange(wsx, device=device).view(1, wsx) * sx + choice % sx
+    dst_idx = (rows * w + cols).reshape(-1)
+    is_dst = torch.zeros(h * w, dtype=torch.bool, device=device)
+    is_dst[dst_idx] = True
+    # Sorted destinations keep window order; rows/columns left over at the edges are sources.
+    dst_idx = is_dst.nonzero().squeeze(1)
+    src_idx = (~is_dst).nonzero().squeeze(1)
+    return dst_idx, src_idx
+
+
+def grid_partition(
+    h: int, w: int, sx: int, sy: int, choice: torch.Tensor | None = None, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split an `h x w` token grid into destinations (one per full `sy x sx` window) and sources.
+
+    Args:
+        choice: `(h // sy, w // sx)` long in `[0, sx * sy)`, the destination's place within each
+            window (row-major); `None` takes the top-left token of every window.
+
+    Returns:
+        `(dst_idx, src_idx)`: ascending flat token indices, `h//sy * w//sx` destinations and the
+        rest as sources.
+
+    Example:
+        >>> dst, src = grid_partition(2, 4, sx=2, sy=2)
+        >>> dst.tolist(), src.tolist()
+        ([0, 2], [1, 3, 4, 5, 6, 7])
+    """
+    if choice is None:
+        return _fixed_partition(h, w, sx, sy, torch.device(device))
+    return _partition(h, w, sx, sy, choice)
+
+
+def window_choice(hsy: int, wsx: int, windows: int, key: torch.Tensor) -> torch.Tensor:
+    """A reproducible pseudo-random destination per window, drawn without any RNG state.
+
+    A counter-based hash of `(key, window index)`, computed with int64 tensor ops that never
+    overflow, so it runs on any device, inside `torch.compile`, and never touches the global RNG.
+
+    Args:
+        hsy, wsx: windows per column and per row.
+        windows: the number of choices per window (`sx * sy`).
+        key: long scalar tensor mixing the seed, the timestep and the block.
+
+    Returns:
+        `(hsy, wsx)` long in `[0, windows)`.
+    """
+    mask32 = 0xFFFFFFFF
+    x = torch.arange(hsy * wsx, device=key.device, dtype=torch.long)
+    x = (x * 0x2545F491 + key) & mask32
+    for multiplier in (0x7FEB352D, 0x46B1A4A5):  # two rounds of a 32-bit xorshift-multiply mix
+        x = x ^ (x >> 15)
+        x = (x * multiplier) & mask32  # < 2^32 * 2^31, no int64 overflow
+    x = x ^ (x >> 16)
+    return (x % windows).view(hsy, wsx)
+
+
+def _identity(batch: int, num_tokens: int, device: torch.device, dtype: torch.dtype) -> TokenMerge:
+    rows = torch.arange(batch * num_tokens, device=device)
+    return TokenMerge(
+        rows, torch.ones(batch * num_tokens, 1, device=device, dtype=dtype), batch, num_tokens, num_tokens
+    )
+
+
+def bipartite_soft_matching_2d(
+    metric: torch.Tensor,
+    h: int,
+    w: int,
+    sx: int,
+    sy: int,
+    r: int,
+    choice: torch.Tensor | None = None,
+) -> TokenMerge:
+    """Merge `r` source tokens into their most similar destinations (ToMe for SD's matching).
+
+    Destinations are one token per `sy x sx` window (`choice`, or the top-left); the others are
+    sources. Each source's best destination is found by cosine similarity of `metric`, and the `r`
+    sources with the highest best-similarity are merged into it by mean. The same partition is
+    used for the whole batch; the matching is per sample.
+
+    Args:
+        metric: `(B, N, C)` with `N == h * w`, the tokens to compare.
+        h, w: the token grid, row-major.
+        sx, sy: the window width and height.
+        r: how many tokens to remove; clipped to the number of sources.
+        choice: see `grid_partition`.
+
+    Returns:
+        A `TokenMerge` to merge and unmerge any `(B, N, C)` tensor of the same tokens.
+
+    Example:
+        >>> metric = torch.tensor([[[1.0, 0], [1, 0], [0, 1], [0, 1]]])  # a 1 x 4 grid
+        >>> m = bipartite_soft_matching_2d(metric, h=1, w=4, sx=2, sy=1, r=2)
+        >>> m.merge(torch.arange(4.0).view(1, 4, 1)).flatten().tolist()
+        [0.5, 2.5]
+    """
+    B, N, _ = metric.shape
+    if N != h * w:
+        raise ValueError(f"Expected {h * w} tokens for a {h}x{w} grid, but got {N}.")
+    if r <= 0 or h // sy == 0 or w // sx == 0:
+        return _identity(B, N, metric.device, metric.dtype)
+
+    with torch.no_grad():
+        dst_idx, src_idx = grid_partition(h, w, sx, sy, choice, metric.device)
+        num_dst, num_src = dst_idx.numel(), src_idx.numel()
+        r = min(r, num_src)
+
+        # Cosine similarity: normalise the destinations, and divide each source's best score by its
+        # norm afterwards (cheaper than normalising every source row). The clamp keeps zero vectors finite.
+        eps = torch.finfo(metric.dtype).tiny
+        dst = metric.index_select(1, dst_idx)
+        dst = dst / dst.norm(dim=-1, keepdim=True).clamp_min(eps)
+        src = metric.index_select(1, src_idx)
+        best_score, best_dst = (src @ dst.transpose(-1, -2)).max(dim=-1)  # (B, num_src)
+        best_score = best_score / src.norm(dim=-1).clamp_min(eps)
+
+        merged_src = best_score.topk(r, dim=-1).indices  # (B, r)
+        is_merged = torch.zeros(B, num_src, dtype=torch.bool, device=metric.device)
+        is_merged.scatter_(1, merged_src, True)
+
+        # Rows: unmerged sources first (in token order), then one row per destination.
+        num_unmerged = num_src - r
+        unmerged_row = torch.cumsum(~is_merged, dim=1) - 1
+        src_row = torch.where(is_merged, best_dst + num_unmerged, unmerged_row)
+        dst_row = torch.arange(num_unmerged, num_unmerged + num_dst, device=metric.device).expand(B, num_dst)
+
+        num_rows = num_unmerged + num_dst
+        token_row = torch.empty(B, N, dtype=torch.long, device=metric.device)
+        token_row[:, src_idx] = src_row
+        token_row[:, dst_idx] = dst_row
+        token_row += torch.arange(B, device=metric.device).view(B, 1) * num_rows
+        token_row = token_row.view(-1)
+
+        row_size = torch.zeros(B * num_rows, 1, device=metric.device, dtype=metric.dtype)
+        row_size.index_add_(0, token_row, torch.ones(B * N, 1, device=metric.device, dtype=metric.dtype))
+    return TokenMerge(token_row, row_size, B, N, num_rows)
+
+
+def level_downsample(latent_tokens: int, num_tokens: int) -> int:
+    """tomesd's downsample factor of a block: `ceil(sqrt(H*W // N))`."""
+    return int(math.ceil(math.sqrt(latent_tokens // num_tokens)))

@@ -1,0 +1,139 @@
+"""`ToMeProcessor`: merge the tokens, run the inner attention processor, unmerge its output."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from diffusers.models.attention_processor import AttnProcessor2_0
+
+from .config import ToMeConfig
+from .context import BlockState
+
+#: Attribute set on each mergeable attention module while ToMe is applied: an `AttentionSlot`.
+SLOT_ATTR = "_tome_slot"
+
+
+class AttentionSlot:
+    """Where an attention module sits: its block's state and whether it is self- or cross-attention."""
+
+    __slots__ = ("block", "is_cross")
+
+    def __init__(self, block: BlockState, is_cross: bool) -> None:
+        self.block = block
+        self.is_cross = is_cross
+
+
+class _SignedCall:
+    """`processor.__call__` as diffusers inspects it: the inner processor's signature.
+
+    `Attention.forward` keeps only the keyword arguments named in
+    `inspect.signature(processor.__call__)`, so a wrapper must show its inner processor's
+    parameters or IP-Adapter masks and custom keyword arguments are silently dropped.
+    """
+
+    __slots__ = ("processor", "__signature__")
+
+    def __init__(self, processor: ToMeProcessor, signature: inspect.Signature) -> None:
+        self.processor = processor
+        self.__signature__ = signature
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.processor(*args, **kwargs)
+
+
+def _inner_signature(inner: Any) -> inspect.Signature:
+    try:
+        return inspect.signature(inner.__call__)
+    except (TypeError, ValueError):  # builtins without a signature: accept everything
+        return inspect.Signature(
+            [
+                inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+                inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+            ]
+        )
+
+
+class ToMeProcessor(torch.nn.Module):
+    """An attention processor that runs its inner processor on merged tokens.
+
+    It wraps ("chains") any diffusers attention processor (SDPA, xFormers, IP-Adapter, your own):
+    on a self-attention module inside a spatial transformer block it merges the tokens (the merge
+    computed once per block and forward from the raw block input, as in tomesd), calls the inner
+    processor on them, and copies the output back to every token. Everything else - the VAE's
+    attention, temporal attention, cross-attention unless `merge_crossattn` - goes straight to the
+    inner processor.
+
+    It is an `nn.Module` so that an inner processor with weights (IP-Adapter) moves with `.to()`;
+    it has no parameters of its own.
+
+    Args:
+        inner: the processor to run on the merged tokens; default `AttnProcessor2_0()` (SDPA).
+        config: a `ToMeConfig`; keyword options (`ratio=...`) override its fields.
+
+    Example:
+        >>> from tome_processors import ToMeProcessor
+        >>> unet.set_attn_processor(ToMeProcessor(ratio=0.5))  # doctest: +SKIP
+
+    Setting it with `set_attn_processor` attaches the block-level merge context (hooks) to the model
+    on its first forward; `apply_tome(model)` does the same at once and keeps existing processors.
+    """
+
+    def __init__(self, inner: Any = None, config: ToMeConfig | None = None, **config_kwargs: Any) -> None:
+        super().__init__()
+        config = ToMeConfig.from_kwargs(config, **config_kwargs)
+        if isinstance(inner, ToMeProcessor):  # never nest: wrap what it wraps
+            inner = inner.inner
+        if inner is None:
+            inner = AttnProcessor2_0()
+        if not callable(inner):
+            raise TypeError(
+                f"Expected inner to be a callable attention processor, but got {type(inner).__name__}."
+            )
+        self.config = config
+        self.inner = inner
+        # Instance attribute: found by `processor.__call__` lookups (diffusers' signature check)
+        # while calls still go through nn.Module.__call__ -> forward.
+        self.__dict__["__call__"] = _SignedCall(self, _inner_signature(inner))
+
+        from .attach import register_pending  # noqa: PLC0415 (attach imports this module)
+
+        register_pending(self)
+
+    def extra_repr(self) -> str:
+        return f"inner={type(self.inner).__name__}, config={self.config}"
+
+    def __getattr__(self, name: str) -> Any:
+        # diffusers' `set_attention_backend` and friends look for attributes of the processor.
+        if name == "_attention_backend":
+            return getattr(self.__dict__.get("inner") or self._modules.get("inner"), name)
+        return super().__getattr__(name)
+
+    def forward(self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        merge = self._merge_for(attn, hidden_states, args, kwargs)
+        if merge is None:
+            return self.inner(attn, hidden_states, *args, **kwargs)
+        out = self.inner(attn, merge.merge(hidden_states), *args, **kwargs)
+        return merge.unmerge(out)
+
+    def _merge_for(self, attn: torch.nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict):
+        slot = getattr(attn, SLOT_ATTR, None)
+        if slot is None or hidden_states.ndim != 3:
+            return None
+        config = self.config
+        if not (config.merge_crossattn if slot.is_cross else config.merge_attn):
+            return None
+        mask = (
+            kwargs["attention_mask"] if "attention_mask" in kwargs else (args[1] if len(args) > 1 else None)
+        )
+        if mask is not None and (not slot.is_cross or mask.shape[-2] != 1):
+            return None  # a mask over the merged tokens would no longer line up
+        merge = slot.block.merge_for(config)
+        if (
+            merge is None
+            or merge.batch != hidden_states.shape[0]
+            or merge.num_tokens != hidden_states.shape[1]
+        ):
+            return None
+        return merge

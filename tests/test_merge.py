@@ -1,0 +1,51 @@
+"""Merge math with worked-out values."""
+
+from __future__ import annotations
+
+import torch
+
+from tome_processors.merge import bipartite_soft_matching_2d, grid_partition, level_downsample, window_choice
+
+
+def test_grid_partition_top_left_and_leftovers():
+    dst, src = grid_partition(3, 5, sx=2, sy=2)  # 1 x 2 full windows; last row and column are sources
+    assert dst.tolist() == [0, 2]
+    assert sorted(dst.tolist() + src.tolist()) == list(range(15))
+
+
+def test_grid_partition_with_choice():
+    choice = torch.tensor([[3, 1]])  # bottom-right of window 0, top-right of window 1
+    dst, _ = grid_partition(2, 4, sx=2, sy=2, choice=choice)
+    assert dst.tolist() == [3, 5]
+
+
+def test_worked_example_merge_and_unmerge():
+    # 1 x 4 grid, windows of 2: destinations are tokens 0 and 2.
+    metric = torch.tensor([[[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.2, 1.0]]])
+    x = torch.tensor([[[0.0], [2.0], [10.0], [20.0]]])
+    m = bipartite_soft_matching_2d(metric, h=1, w=4, sx=2, sy=1, r=1)
+    # Token 1 is closest to token 0 (cosine 0.994 > token 3's 0.981 to token 2): it is merged.
+    assert m.merge(x).flatten().tolist() == [20.0, 1.0, 10.0]
+    assert m.unmerge(m.merge(x)).flatten().tolist() == [1.0, 1.0, 10.0, 20.0]
+
+
+def test_r_zero_is_identity():
+    x = torch.randn(2, 12, 3)
+    m = bipartite_soft_matching_2d(x, 3, 4, 2, 2, 0)
+    assert torch.equal(m.merge(x), x) and torch.equal(m.unmerge(x), x)
+
+
+def test_level_downsample_matches_tomesd_formula():
+    assert level_downsample(64 * 64, 64 * 64) == 1
+    assert level_downsample(64 * 64, 32 * 32) == 2
+    assert level_downsample(63 * 47, 32 * 24) == 2
+    assert level_downsample(63 * 47, 8 * 6) == 8
+
+
+def test_window_choice_is_deterministic_in_range_and_spread():
+    key = torch.tensor([12345])
+    a, b = window_choice(32, 32, 4, key), window_choice(32, 32, 4, key)
+    assert torch.equal(a, b) and a.min() >= 0 and a.max() <= 3
+    counts = torch.bincount(a.flatten(), minlength=4)
+    assert counts.min() > 200  # 1024 windows, about 256 each
+    assert not torch.equal(a, window_choice(32, 32, 4, key + 1))
