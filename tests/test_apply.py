@@ -231,3 +231,10 @@ def test_pipeline_object_is_accepted():
     assert tp.is_tome_applied(pipe)
     tp.remove_tome(pipe)
     assert not tp.is_tome_applied(unet)
+
+
+def test_set_attn_processor_that_merges_nothing_warns():
+    unet = tiny_unet("sdxl")
+    unet.set_attn_processor(ToMeProcessor(max_downsample=1))
+    with pytest.warns(UserWarning, match="merges nothing"):
+        run_unet(unet, *unet_inputs(unet))

@@ -128,6 +128,7 @@ def attach_processors(model: torch.nn.Module, processors: list[ToMeProcessor], a
     discard_pending(processors)
     if CONTEXT_ATTR in model.__dict__ or not spatial_transformer_blocks(model):
         return
+    _warn_if_merges_nothing(model, processors[0].config)
     context = install(model, processors[0].config)
     setattr(model, CONTEXT_ATTR, context)
     # This forward's own pre-hook list was fixed before the context existed: run it by hand.
