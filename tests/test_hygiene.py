@@ -9,9 +9,10 @@ import pytest
 import torch
 from diffusers.models.attention_processor import AttnProcessor2_0
 
-from models import run_unet, tiny_unet, unet_inputs
 from tome_processors import apply_tome, remove_tome
 from tome_processors.hooks import CONTEXT_ATTR
+
+from models import run_unet, tiny_unet, unet_inputs
 
 SHAPES = [(2, 16, 16), (1, 16, 16), (3, 15, 13), (2, 9, 7), (1, 12, 20), (2, 16, 16)]
 
