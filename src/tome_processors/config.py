@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 MaxDownsample = Literal["auto", 1, 2, 4, 8]
+Mode = Literal["merge", "downsample_kv"]
+KVPool = Literal["avg", "nearest"]
 _ALLOWED_DOWNSAMPLE = (1, 2, 4, 8)
+_MODES = ("merge", "downsample_kv")
+_KV_POOLS = ("avg", "nearest")
 
 
 def _expect(condition: bool, what: str, value: Any) -> None:
@@ -47,6 +52,24 @@ class ToMeConfig:
             denoising timestep and the block, so the same seed gives the same output every run and
             the global torch RNG is never used.
 
+    Modes beyond tomesd (defaults keep tomesd's behaviour):
+
+    Args:
+        mode: `"merge"` (ToMe: merge tokens before attention, unmerge after) or `"downsample_kv"`
+            (ToDo, arXiv 2402.13573: keep every query, pool the keys and values of self-attention
+            over `kv_factor x kv_factor` windows; no similarity is computed at all).
+        kv_factor: the pooling window side for `"downsample_kv"` (2 keeps a quarter of the keys).
+        kv_pool: `"avg"` (mean of each window) or `"nearest"` (its top-left token, cheaper).
+        share_level: compute one merge per level and forward, from the first block of the level,
+            and share it with the other blocks of that level (cheaper, slightly different).
+        recompute_every: recompute merges every this many denoising steps and reuse them in
+            between (1 = every forward, as tomesd). Steps are counted from the UNet's timestep.
+        level_ratios: a ratio per downsample level, e.g. `{1: 0.6, 2: 0.3}`; levels not listed are
+            not merged and `max_downsample` is not used.
+        ratio_start: the ratio at the noisiest timestep; it moves linearly to `ratio` (or the
+            level's ratio) at timestep 0. `None` keeps the ratio constant.
+        num_train_timesteps: the timestep scale of `ratio_start` (1000 for Stable Diffusion).
+
     Example:
         >>> from tome_processors import ToMeConfig
         >>> ToMeConfig(ratio=0.6, max_downsample=2).ratio
@@ -66,6 +89,14 @@ class ToMeConfig:
     merge_crossattn: bool = False
     merge_mlp: bool = False
     seed: int = 0
+    mode: Mode = "merge"
+    kv_factor: int = 2
+    kv_pool: KVPool = "avg"
+    share_level: bool = False
+    recompute_every: int = 1
+    level_ratios: Mapping[int, float] | None = None
+    ratio_start: float | None = None
+    num_train_timesteps: int = 1000
 
     def __post_init__(self) -> None:
         _expect(_is_int(self.sx) and self.sx >= 1, "sx to be an integer >= 1", self.sx)
@@ -83,7 +114,47 @@ class ToMeConfig:
             'max_downsample to be "auto", 1, 2, 4 or 8',
             self.max_downsample,
         )
-        for flag in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp"):
+        _expect(self.mode in _MODES, 'mode to be "merge" or "downsample_kv"', self.mode)
+        _expect(
+            _is_int(self.kv_factor) and self.kv_factor >= 1, "kv_factor to be an integer >= 1", self.kv_factor
+        )
+        _expect(self.kv_pool in _KV_POOLS, 'kv_pool to be "avg" or "nearest"', self.kv_pool)
+        _expect(
+            _is_int(self.recompute_every) and self.recompute_every >= 1,
+            "recompute_every to be an integer >= 1",
+            self.recompute_every,
+        )
+        _expect(
+            _is_int(self.num_train_timesteps) and self.num_train_timesteps >= 1,
+            "num_train_timesteps to be an integer >= 1",
+            self.num_train_timesteps,
+        )
+        if self.ratio_start is not None:
+            _expect(
+                _is_number(self.ratio_start) and 0.0 <= self.ratio_start <= cap,
+                f"ratio_start to be None or between 0 and {cap:g}",
+                self.ratio_start,
+            )
+        if self.level_ratios is not None:
+            _expect(
+                isinstance(self.level_ratios, (Mapping, tuple)),
+                "level_ratios to be a mapping such as {1: 0.6, 2: 0.3}, or None",
+                self.level_ratios,
+            )
+            for level, level_ratio in dict(self.level_ratios).items():
+                _expect(
+                    _is_int(level) and level in _ALLOWED_DOWNSAMPLE,
+                    "level_ratios keys among 1, 2, 4, 8",
+                    level,
+                )
+                _expect(
+                    _is_number(level_ratio) and 0.0 <= level_ratio <= cap,
+                    f"level_ratios values between 0 and {cap:g}",
+                    level_ratio,
+                )
+            # Stored as sorted pairs so the config stays hashable (merges are cached per config).
+            object.__setattr__(self, "level_ratios", tuple(sorted(dict(self.level_ratios).items())))
+        for flag in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_level"):
             value = getattr(self, flag)
             _expect(isinstance(value, bool), f"{flag} to be a bool", value)
         _expect(_is_int(self.seed) and self.seed >= 0, "seed to be a non-negative integer", self.seed)
@@ -92,6 +163,24 @@ class ToMeConfig:
     def max_ratio(self) -> float:
         """The largest allowed ratio: every token but one per window merged."""
         return 1.0 - 1.0 / (self.sx * self.sy)
+
+    def level_ratio(self, downsample: int, max_downsample: int) -> float:
+        """The ratio at a level before any timestep schedule; 0 where that level is not merged."""
+        if self.level_ratios is not None:
+            return dict(self.level_ratios).get(downsample, 0.0)
+        return self.ratio if downsample <= max_downsample else 0.0
+
+    def ratio_at(self, level_ratio: float, timestep: float | None) -> float:
+        """`level_ratio` moved along the timestep schedule (`ratio_start`), if there is one."""
+        if self.ratio_start is None or timestep is None:
+            return level_ratio
+        noise = min(max(timestep / self.num_train_timesteps, 0.0), 1.0)
+        return level_ratio + (self.ratio_start - level_ratio) * noise
+
+    @property
+    def needs_step_count(self) -> bool:
+        """Whether the timestep's value must be read on the host (schedules and reuse across steps)."""
+        return self.ratio_start is not None or self.recompute_every > 1
 
     def replace(self, **changes: Any) -> ToMeConfig:
         """A copy with `changes` applied (validated again); the original is untouched."""

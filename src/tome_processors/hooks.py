@@ -17,7 +17,7 @@ from diffusers.models.attention import BasicTransformerBlock
 from diffusers.models.attention_processor import Attention
 
 from .config import ToMeConfig
-from .context import BlockState, ModelState, step_key_from_timestep
+from .context import BlockState, ModelState
 from .processor import SLOT_ATTR, AttentionSlot
 
 logger = logging.getLogger(__name__)
@@ -98,8 +98,7 @@ def install(model: torch.nn.Module, config: ToMeConfig) -> ToMeContext:
     def model_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         sample = _first(args, kwargs, 0, "sample")
         if isinstance(sample, torch.Tensor) and sample.ndim >= 4:
-            state.latent_hw = (int(sample.shape[-2]), int(sample.shape[-1]))
-            state.step_key = step_key_from_timestep(_first(args, kwargs, 1, "timestep"), sample.device)
+            state.begin_forward(sample, _first(args, kwargs, 1, "timestep"), config.needs_step_count)
         else:
             state.reset()
 

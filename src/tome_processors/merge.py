@@ -21,6 +21,7 @@ __all__ = [
     "TokenMerge",
     "bipartite_soft_matching_2d",
     "grid_partition",
+    "pool_tokens",
     "window_choice",
 ]
 
@@ -211,3 +212,32 @@ def bipartite_soft_matching_2d(
 def level_downsample(latent_tokens: int, num_tokens: int) -> int:
     """tomesd's downsample factor of a block: `ceil(sqrt(H*W // N))`."""
     return int(math.ceil(math.sqrt(latent_tokens // num_tokens)))
+
+
+def pool_tokens(x: torch.Tensor, h: int, w: int, factor: int, kind: str = "avg") -> torch.Tensor:
+    """Downsample a `(B, h*w, C)` token grid by `factor` per side: `(B, ceil(h/f)*ceil(w/f), C)`.
+
+    `"avg"` averages each `factor x factor` window (partial windows at the edges average what they
+    hold); `"nearest"` keeps each window's top-left token.
+
+    Example:
+        >>> x = torch.arange(8.0).view(1, 8, 1)  # a 2 x 4 grid
+        >>> pool_tokens(x, 2, 4, 2).flatten().tolist()
+        [2.5, 4.5]
+        >>> pool_tokens(x, 2, 4, 2, "nearest").flatten().tolist()
+        [0.0, 2.0]
+    """
+    B, N, C = x.shape
+    if N != h * w:
+        raise ValueError(f"Expected {h * w} tokens for a {h}x{w} grid, but got {N}.")
+    if factor <= 1:
+        return x
+    grid = x.view(B, h, w, C)
+    if kind == "nearest":
+        return grid[:, ::factor, ::factor].reshape(B, -1, C)
+    if kind != "avg":
+        raise ValueError(f'Expected kind "avg" or "nearest", but got {kind!r}.')
+    pooled = torch.nn.functional.avg_pool2d(
+        grid.permute(0, 3, 1, 2), factor, ceil_mode=True, count_include_pad=False
+    )
+    return pooled.flatten(2).transpose(1, 2)

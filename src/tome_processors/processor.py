@@ -10,6 +10,7 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 
 from .config import ToMeConfig
 from .context import BlockState
+from .merge import pool_tokens
 
 #: Attribute set on each mergeable attention module while ToMe is applied: an `AttentionSlot`.
 SLOT_ATTR = "_tome_slot"
@@ -111,29 +112,53 @@ class ToMeProcessor(torch.nn.Module):
         return super().__getattr__(name)
 
     def forward(self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        merge = self._merge_for(attn, hidden_states, args, kwargs)
+        slot = getattr(attn, SLOT_ATTR, None)
+        if slot is None or hidden_states.ndim != 3:
+            return self.inner(attn, hidden_states, *args, **kwargs)
+        if self.config.mode == "downsample_kv":
+            keys_values = self._pooled_keys_values(slot, hidden_states, args, kwargs)
+            if keys_values is not None:  # self-attention over pooled keys/values: K, V = f(pooled)
+                if args:
+                    args = (keys_values, *args[1:])
+                else:
+                    kwargs = {**kwargs, "encoder_hidden_states": keys_values}
+            return self.inner(attn, hidden_states, *args, **kwargs)
+        merge = self._merge_for(slot, hidden_states, args, kwargs)
         if merge is None:
             return self.inner(attn, hidden_states, *args, **kwargs)
         out = self.inner(attn, merge.merge(hidden_states), *args, **kwargs)
         return merge.unmerge(out)
 
-    def _merge_for(self, attn: torch.nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict):
-        slot = getattr(attn, SLOT_ATTR, None)
-        if slot is None or hidden_states.ndim != 3:
-            return None
+    def _merge_for(self, slot: AttentionSlot, hidden_states: torch.Tensor, args: tuple, kwargs: dict):
         config = self.config
         if not (config.merge_crossattn if slot.is_cross else config.merge_attn):
             return None
-        mask = (
-            kwargs["attention_mask"] if "attention_mask" in kwargs else (args[1] if len(args) > 1 else None)
-        )
+        mask = _argument(args, kwargs, 1, "attention_mask")
         if mask is not None and (not slot.is_cross or mask.shape[-2] != 1):
             return None  # a mask over the merged tokens would no longer line up
         merge = slot.block.merge_for(config)
-        if (
-            merge is None
-            or merge.batch != hidden_states.shape[0]
-            or merge.num_tokens != hidden_states.shape[1]
-        ):
+        if merge is None or (merge.batch, merge.num_tokens) != tuple(hidden_states.shape[:2]):
             return None
         return merge
+
+    def _pooled_keys_values(
+        self, slot: AttentionSlot, hidden_states: torch.Tensor, args: tuple, kwargs: dict
+    ):
+        config = self.config
+        if slot.is_cross or not config.merge_attn:
+            return None
+        if _argument(args, kwargs, 0, "encoder_hidden_states") is not None:
+            return None
+        if _argument(args, kwargs, 1, "attention_mask") is not None:
+            return None
+        grid = slot.block.grid(hidden_states.shape[1])
+        if grid is None or not slot.block.applies(config, grid):
+            return None
+        return pool_tokens(hidden_states, grid.h, grid.w, config.kv_factor, config.kv_pool)
+
+
+def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    """An argument that diffusers passes by keyword (Attention) or by position (Flux-style calls)."""
+    if name in kwargs:
+        return kwargs[name]
+    return args[position] if len(args) > position else None
