@@ -79,3 +79,30 @@ def test_merge_functions_match_tomesd(h, w, sx, sy, r):
     torch.testing.assert_close(sort(our_merged), sort(ref_merged))
     # Unmerging any per-row result gives the same tokens.
     torch.testing.assert_close(ours.unmerge(our_merged * 2), ref_unmerge(ref_merged * 2))
+
+
+FULL_CONFIGS = {
+    # The real SD1.5 and SD2 UNet architectures (random weights; nothing downloaded).
+    "sd15": dict(cross_attention_dim=768, attention_head_dim=8),
+    "sd2": dict(cross_attention_dim=1024, attention_head_dim=(5, 10, 20, 20), use_linear_projection=True),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["sd15", "sd2"])
+def test_full_size_architecture_matches_tomesd(kind):
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(block_out_channels=(320, 640, 1280, 1280), **FULL_CONFIGS[kind]).eval()
+    g = torch.Generator().manual_seed(0)
+    sample = torch.randn(2, 4, 24, 40, generator=g)  # not square
+    text = torch.randn(2, 77, unet.config.cross_attention_dim, generator=g)
+    inputs = (sample, torch.tensor(700), text)
+
+    tomesd.apply_patch(unet, ratio=0.5, use_rand=False, merge_crossattn=True)
+    reference = run_unet(unet, *inputs)
+    tomesd.remove_patch(unet)
+    tp.apply_tome(unet, ratio=0.5, use_rand=False, merge_crossattn=True)
+    ours = run_unet(unet, *inputs)
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
