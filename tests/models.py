@@ -69,7 +69,5 @@ def unet_inputs(unet: UNet2DConditionModel, batch: int = 2, height: int = 16, wi
 def run_unet(unet, sample, timestep, text, added=None, keyword: bool = False) -> torch.Tensor:
     with torch.no_grad():
         if keyword:
-            return unet(
-                sample=sample, timestep=timestep, encoder_hidden_states=text, added_cond_kwargs=added
-            ).sample
+            return unet(sample=sample, timestep=timestep, encoder_hidden_states=text, added_cond_kwargs=added).sample
         return unet(sample, timestep, encoder_hidden_states=text, added_cond_kwargs=added).sample

@@ -135,9 +135,7 @@ class RecordingProcessor:
         self.token_counts: list[int] = []
         self.gains: list[float] = []
 
-    def __call__(
-        self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, gain=1.0
-    ):
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, gain=1.0):
         self.token_counts.append(hidden_states.shape[1])
         self.gains.append(gain)
         return AttnProcessor2_0()(attn, hidden_states, encoder_hidden_states, attention_mask, temb) * gain

@@ -43,9 +43,7 @@ def test_unet_output_matches_tomesd(kind, flags, shape, max_downsample):
     ours = run_unet(unet, *inputs)
     tp.remove_tome(unet)
 
-    assert (reference - baseline).abs().max() > 1e-3, (
-        "the oracle merged nothing: the test would prove nothing"
-    )
+    assert (reference - baseline).abs().max() > 1e-3, "the oracle merged nothing: the test would prove nothing"
     torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-5)
 
 
@@ -60,16 +58,12 @@ def test_ratios_match_tomesd(ratio):
     torch.testing.assert_close(run_unet(unet, *inputs), reference, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize(
-    "h,w,sx,sy,r", [(8, 8, 2, 2, 32), (7, 5, 2, 2, 10), (6, 9, 3, 2, 20), (4, 4, 2, 2, 100)]
-)
+@pytest.mark.parametrize("h,w,sx,sy,r", [(8, 8, 2, 2, 32), (7, 5, 2, 2, 10), (6, 9, 3, 2, 20), (4, 4, 2, 2, 100)])
 def test_merge_functions_match_tomesd(h, w, sx, sy, r):
     g = torch.Generator().manual_seed(h * w + r)
     metric = torch.randn(2, h * w, 16, generator=g)
     x = torch.randn(2, h * w, 5, generator=g)
-    ref_merge, ref_unmerge = tomesd.merge.bipartite_soft_matching_random2d(
-        metric, w, h, sx, sy, r, no_rand=True
-    )
+    ref_merge, ref_unmerge = tomesd.merge.bipartite_soft_matching_random2d(metric, w, h, sx, sy, r, no_rand=True)
     ours = bipartite_soft_matching_2d(metric, h, w, sx, sy, r)
 
     ref_merged, our_merged = ref_merge(x), ours.merge(x)

@@ -55,9 +55,7 @@ def _warn_if_merges_nothing(model: torch.nn.Module, config: ToMeConfig) -> None:
             stacklevel=3,
         )
     elif config.ratio == 0 or not (config.merge_attn or config.merge_crossattn or config.merge_mlp):
-        warnings.warn(
-            "ToMe with this configuration merges nothing (ratio 0 or every merge flag off).", stacklevel=3
-        )
+        warnings.warn("ToMe with this configuration merges nothing (ratio 0 or every merge flag off).", stacklevel=3)
 
 
 def _unwrap_processors(model: torch.nn.Module) -> None:

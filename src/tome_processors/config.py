@@ -115,9 +115,7 @@ class ToMeConfig:
             self.max_downsample,
         )
         _expect(self.mode in _MODES, 'mode to be "merge" or "downsample_kv"', self.mode)
-        _expect(
-            _is_int(self.kv_factor) and self.kv_factor >= 1, "kv_factor to be an integer >= 1", self.kv_factor
-        )
+        _expect(_is_int(self.kv_factor) and self.kv_factor >= 1, "kv_factor to be an integer >= 1", self.kv_factor)
         _expect(self.kv_pool in _KV_POOLS, 'kv_pool to be "avg" or "nearest"', self.kv_pool)
         _expect(
             _is_int(self.recompute_every) and self.recompute_every >= 1,

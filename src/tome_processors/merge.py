@@ -237,7 +237,5 @@ def pool_tokens(x: torch.Tensor, h: int, w: int, factor: int, kind: str = "avg")
         return grid[:, ::factor, ::factor].reshape(B, -1, C)
     if kind != "avg":
         raise ValueError(f'Expected kind "avg" or "nearest", but got {kind!r}.')
-    pooled = torch.nn.functional.avg_pool2d(
-        grid.permute(0, 3, 1, 2), factor, ceil_mode=True, count_include_pad=False
-    )
+    pooled = torch.nn.functional.avg_pool2d(grid.permute(0, 3, 1, 2), factor, ceil_mode=True, count_include_pad=False)
     return pooled.flatten(2).transpose(1, 2)

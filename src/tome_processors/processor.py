@@ -89,9 +89,7 @@ class ToMeProcessor(torch.nn.Module):
         if inner is None:
             inner = AttnProcessor2_0()
         if not callable(inner):
-            raise TypeError(
-                f"Expected inner to be a callable attention processor, but got {type(inner).__name__}."
-            )
+            raise TypeError(f"Expected inner to be a callable attention processor, but got {type(inner).__name__}.")
         self.config = config
         self.inner = inner
         # Instance attribute: found by `processor.__call__` lookups (diffusers' signature check)
@@ -141,9 +139,7 @@ class ToMeProcessor(torch.nn.Module):
             return None
         return merge
 
-    def _pooled_keys_values(
-        self, slot: AttentionSlot, hidden_states: torch.Tensor, args: tuple, kwargs: dict
-    ):
+    def _pooled_keys_values(self, slot: AttentionSlot, hidden_states: torch.Tensor, args: tuple, kwargs: dict):
         config = self.config
         if slot.is_cross or not config.merge_attn:
             return None

@@ -1,0 +1,1 @@
+"""Command-line interface: `tome-processors bench` and `tome-processors eval`."""

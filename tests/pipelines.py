@@ -1,0 +1,112 @@
+"""Tiny offline Stable Diffusion pipelines and CLIP models for the tests (random weights, hand-made tokenizer)."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline
+from transformers import (
+    CLIPConfig,
+    CLIPImageProcessor,
+    CLIPModel,
+    CLIPProcessor,
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTokenizer,
+)
+
+from models import CROSS_DIM, tiny_unet
+
+
+def write_clip_tokenizer(folder: str | Path) -> CLIPTokenizer:
+    """A CLIP BPE tokenizer over single characters, written from a hand-made vocab and merges file."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    symbols = list(string.ascii_lowercase + string.digits + ",.-'")
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for symbol in symbols:
+        vocab[symbol] = len(vocab)
+        vocab[symbol + "</w>"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
+    return CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=16)
+
+
+def tiny_text_encoder(vocab_size: int) -> CLIPTextModel:
+    torch.manual_seed(0)
+    config = CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=CROSS_DIM,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=16,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    return CLIPTextModel(config).eval()
+
+
+def tiny_vae() -> AutoencoderKL:
+    torch.manual_seed(0)
+    return AutoencoderKL(
+        block_out_channels=(16, 32),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        latent_channels=4,
+        norm_num_groups=8,
+    ).eval()
+
+
+def tiny_sd_pipeline(tmp_path: str | Path) -> StableDiffusionPipeline:
+    """An SD1.5-shaped text-to-image pipeline small enough for two-step generations at 32x32 px."""
+    tokenizer = write_clip_tokenizer(Path(tmp_path) / "tokenizer-files")
+    pipe = StableDiffusionPipeline(
+        vae=tiny_vae(),
+        text_encoder=tiny_text_encoder(len(tokenizer)),
+        tokenizer=tokenizer,
+        unet=tiny_unet("sd15"),
+        scheduler=DDIMScheduler(num_train_timesteps=1000, beta_schedule="scaled_linear", clip_sample=False),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def save_tiny_clip(folder: str | Path) -> Path:
+    """A tiny random CLIP model with its processor (tokenizer and image processor) saved to `folder`."""
+    folder = Path(folder)
+    tokenizer = write_clip_tokenizer(folder / "tokenizer-files")
+    torch.manual_seed(0)
+    config = CLIPConfig(
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=16,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
+        ),
+        vision_config=dict(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        ),
+        projection_dim=8,
+    )
+    CLIPModel(config).save_pretrained(folder)
+    image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(folder)
+    return folder
