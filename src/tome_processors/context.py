@@ -166,7 +166,8 @@ class BlockState:
         # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd).
         if config.use_rand and metric.shape[0] % 2 == 0 and hsy > 0 and wsx > 0:
             choice = window_choice(hsy, wsx, config.sx * config.sy, self._random_key(config, metric.device))
-        return bipartite_soft_matching_2d(metric, grid.h, grid.w, config.sx, config.sy, r, choice)
+        similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
+        return bipartite_soft_matching_2d(metric, grid.h, grid.w, config.sx, config.sy, r, choice, similarity_dtype)
 
     def _random_key(self, config: ToMeConfig, device: torch.device) -> torch.Tensor:
         base = (config.seed * 104_729 + self.index * 7_919) & _MASK31

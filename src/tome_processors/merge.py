@@ -143,6 +143,7 @@ def bipartite_soft_matching_2d(
     sy: int,
     r: int,
     choice: torch.Tensor | None = None,
+    similarity_dtype: torch.dtype | None = None,
 ) -> TokenMerge:
     """Merge `r` source tokens into their most similar destinations (ToMe for SD's matching).
 
@@ -157,6 +158,9 @@ def bipartite_soft_matching_2d(
         sx, sy: the window width and height.
         r: how many tokens to remove; clipped to the number of sources.
         choice: see `grid_partition`.
+        similarity_dtype: compute the similarity matrix in this dtype (e.g. bfloat16, 3x faster
+            than float32 on CPUs with oneDNN) to choose each source's destination; the chosen pairs
+            are then scored in the metric's dtype for the ranking. None: the metric's dtype.
 
     Returns:
         A `TokenMerge` to merge and unmerge any `(B, N, C)` tensor of the same tokens.
@@ -184,7 +188,15 @@ def bipartite_soft_matching_2d(
         dst = metric.index_select(1, dst_idx)
         dst = dst / dst.norm(dim=-1, keepdim=True).clamp_min(eps)
         src = metric.index_select(1, src_idx)
-        best_score, best_dst = (src @ dst.transpose(-1, -2)).max(dim=-1)  # (B, num_src)
+        if similarity_dtype is None or similarity_dtype == metric.dtype:
+            best_score, best_dst = (src @ dst.transpose(-1, -2)).max(dim=-1)  # (B, num_src)
+        else:
+            # Choose in the cheaper dtype, then score the chosen pairs exactly for the ranking.
+            low = src.to(similarity_dtype) @ dst.to(similarity_dtype).transpose(-1, -2)
+            best_dst = low.max(dim=-1).indices  # max is faster than argmax on bfloat16
+            flat = (best_dst + torch.arange(B, device=metric.device).view(B, 1) * num_dst).view(-1)
+            chosen = dst.reshape(B * num_dst, -1).index_select(0, flat).view(B, num_src, -1)
+            best_score = (src * chosen).sum(dim=-1)
         best_score = best_score / src.norm(dim=-1).clamp_min(eps)
 
         merged_src = best_score.topk(r, dim=-1).indices  # (B, r)
