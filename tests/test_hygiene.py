@@ -14,7 +14,7 @@ from tome_processors.hooks import CONTEXT_ATTR
 
 from models import run_unet, tiny_unet, unet_inputs
 
-SHAPES = [(2, 16, 16), (1, 16, 16), (3, 15, 13), (2, 9, 7), (1, 12, 20), (2, 16, 16)]
+SHAPES = [(2, 16, 16), (1, 16, 16), (3, 15, 13), (2, 9, 7), (1, 63, 47), (1, 12, 20), (2, 16, 16)]
 
 
 def fresh_result(unet, shape, **options):
