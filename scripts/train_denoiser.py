@@ -48,14 +48,10 @@ def build_unet() -> UNet2DConditionModel:
 
 def build_scheduler() -> DDPMScheduler:
     """Stable Diffusion's noise schedule, so a timestep means the same noise level as in SD."""
-    return DDPMScheduler(
-        num_train_timesteps=1000, beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012
-    )
+    return DDPMScheduler(num_train_timesteps=1000, beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
 
 
-def random_crops(
-    photos: list[torch.Tensor], batch: int, size: int, generator: torch.Generator
-) -> torch.Tensor:
+def random_crops(photos: list[torch.Tensor], batch: int, size: int, generator: torch.Generator) -> torch.Tensor:
     """`batch` crops of `size` x `size`: a photo chosen uniformly, a uniform position, a random flip."""
     crops = []
     for _ in range(batch):
@@ -152,8 +148,10 @@ def main() -> None:
     parser.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=True, help="store weights in fp16")
     parser.add_argument("--out", default="src/tome_processors/data/denoiser")
     record = train(parser.parse_args())
-    print(f"wall time {record['wall_time_s']:.0f} s, final loss (mean of last 50 steps) "
-          f"{record['final_loss_mean_last_50_steps']:.4f}")
+    print(
+        f"wall time {record['wall_time_s']:.0f} s, final loss (mean of last 50 steps) "
+        f"{record['final_loss_mean_last_50_steps']:.4f}"
+    )
 
 
 if __name__ == "__main__":

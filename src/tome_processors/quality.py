@@ -102,3 +102,335 @@ def context_embedding(batch: int = 1, dim: int = 32) -> torch.Tensor:
     generator = torch.Generator().manual_seed(CONTEXT_SEED)
     tokens = torch.randn(1, CONTEXT_TOKENS, dim, generator=generator)
     return tokens.expand(batch, -1, -1).contiguous()
+
+
+def heldout_crops(size: int = 64, per_image: int = 2, seed: int = 0) -> torch.Tensor:
+    """`per_image` crops of `size` x `size` from each held-out photo, at positions drawn from `seed`.
+
+    Returns a tensor of shape [len(HELDOUT_IMAGES) * per_image, 3, size, size] in [-1, 1].
+
+    Example:
+        >>> heldout_crops().shape
+        torch.Size([6, 3, 64, 64])
+    """
+    generator = torch.Generator().manual_seed(seed)
+    crops = []
+    for name in HELDOUT_IMAGES:
+        photo = load_photo(name)
+        _, height, width = photo.shape
+        for _ in range(per_image):
+            top = int(torch.randint(height - size + 1, (1,), generator=generator))
+            left = int(torch.randint(width - size + 1, (1,), generator=generator))
+            crops.append(photo[:, top : top + size, left : left + size])
+    return torch.stack(crops)
+
+
+def psnr(estimate: torch.Tensor, target: torch.Tensor) -> float:
+    """PSNR in dB of images in [-1, 1] (peak-to-peak 2), from the mean squared error over all pixels.
+
+    Example:
+        >>> round(psnr(torch.zeros(4), torch.full((4,), 0.2)), 2)
+        20.0
+    """
+    mse = float((estimate.double() - target.double()).pow(2).mean())
+    return float("inf") if mse == 0.0 else 10.0 * float(np.log10(4.0 / mse))
+
+
+def _gaussian_blur(images: torch.Tensor, sigma: float) -> torch.Tensor:
+    """Separable Gaussian blur of [N, C, H, W] with reflected borders."""
+    radius = max(1, int(3.0 * sigma + 0.5))
+    offsets = torch.arange(-radius, radius + 1, dtype=images.dtype)
+    kernel = torch.exp(-0.5 * (offsets / sigma) ** 2)
+    kernel = kernel / kernel.sum()
+    channels = images.shape[1]
+    padded = torch.nn.functional.pad(images, (radius, radius, radius, radius), mode="reflect")
+    horizontal = kernel.view(1, 1, 1, -1).repeat(channels, 1, 1, 1)
+    vertical = kernel.view(1, 1, -1, 1).repeat(channels, 1, 1, 1)
+    out = torch.nn.functional.conv2d(padded, horizontal, groups=channels)
+    return torch.nn.functional.conv2d(out, vertical, groups=channels)
+
+
+BLUR_SIGMAS: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0)
+"""Blur widths tried by the blur predictor; the best one per noise level is kept (an oracle choice)."""
+
+
+class QualityProbe:
+    """A denoiser, fixed held-out crops, fixed noise and noise levels: measures a method's effect.
+
+    Every `measure` call runs the same inputs: the crops noised with the same noise at each timestep
+    in `timesteps` (one UNet forward per timestep, the crops as one batch, as in sampling). The
+    unmerged model's noise prediction is computed once and kept as the reference.
+
+    Args:
+        unet: a `UNet2DConditionModel` predicting epsilon on [-1, 1] images (3 channels).
+        alphas_cumprod: the noise schedule's cumulative alphas, indexed by timestep.
+        crops: clean images [N, 3, H, W] in [-1, 1].
+        timesteps: the noise levels to measure at.
+        seed: seeds the noise.
+
+    Example:
+        >>> probe = QualityProbe.default()
+        >>> base = probe.measure()
+        >>> base["eps_rel_change"]
+        0.0
+    """
+
+    def __init__(
+        self,
+        unet: torch.nn.Module,
+        alphas_cumprod: torch.Tensor,
+        crops: torch.Tensor,
+        timesteps: Sequence[int] = DEFAULT_TIMESTEPS,
+        seed: int = 0,
+    ) -> None:
+        self.unet = unet.eval()
+        self.crops = crops.float()
+        self.timesteps = tuple(int(t) for t in timesteps)
+        generator = torch.Generator().manual_seed(seed)
+        self.noise = torch.randn((len(self.timesteps), *crops.shape), generator=generator)
+        self.alphas = torch.stack([alphas_cumprod[t].float() for t in self.timesteps])
+        a = self.alphas.view(-1, 1, 1, 1, 1)
+        self.noisy = a.sqrt() * self.crops.unsqueeze(0) + (1.0 - a).sqrt() * self.noise
+        dim = int(unet.config.cross_attention_dim)
+        self.context = context_embedding(crops.shape[0], dim)
+        self._base: torch.Tensor | None = None
+
+    @classmethod
+    def default(
+        cls,
+        timesteps: Sequence[int] = DEFAULT_TIMESTEPS,
+        per_image: int = 2,
+        size: int = 64,
+        seed: int = 0,
+        random_weights: bool = False,
+    ) -> QualityProbe:
+        """The shipped denoiser (loaded offline) on `per_image` 64x64 crops of each held-out photo.
+
+        With `random_weights=True` the same architecture is freshly initialised from `seed` instead:
+        the random-weight reference, whose PSNR means nothing but whose noise-prediction change can
+        be set against the trained model's.
+
+        Example:
+            >>> probe = QualityProbe.default(timesteps=(100, 500))
+            >>> probe.crops.shape
+            torch.Size([6, 3, 64, 64])
+        """
+        from diffusers import DDPMScheduler, UNet2DConditionModel
+
+        folder = denoiser_path()
+        unet = UNet2DConditionModel.from_pretrained(folder, torch_dtype=torch.float32)
+        if random_weights:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                unet = UNet2DConditionModel.from_config(unet.config)
+        scheduler = DDPMScheduler.from_pretrained(folder)
+        return cls(unet, scheduler.alphas_cumprod, heldout_crops(size, per_image, seed), timesteps, seed)
+
+    def predict_eps(self) -> torch.Tensor:
+        """The UNet's noise prediction at every timestep: [len(timesteps), N, 3, H, W]."""
+        outputs = []
+        with torch.no_grad():
+            for index, timestep in enumerate(self.timesteps):
+                sample = self.noisy[index]
+                out = self.unet(sample, torch.tensor(timestep), encoder_hidden_states=self.context).sample
+                outputs.append(out.float())
+        return torch.stack(outputs)
+
+    def x0_from_eps(self, eps: torch.Tensor) -> torch.Tensor:
+        """The clean-image estimate `(x_t - sqrt(1 - a) eps) / sqrt(a)`, clamped to [-1, 1]."""
+        a = self.alphas.view(-1, 1, 1, 1, 1)
+        return ((self.noisy - (1.0 - a).sqrt() * eps) / a.sqrt()).clamp(-1.0, 1.0)
+
+    def baseline(self) -> torch.Tensor:
+        """The unmerged model's noise prediction (computed once)."""
+        if self._base is None:
+            self._base = self.predict_eps()
+        return self._base
+
+    def measure(
+        self,
+        apply: Callable[[torch.nn.Module], object] | None = None,
+        remove: Callable[[torch.nn.Module], object] | None = None,
+    ) -> dict[str, float]:
+        """Apply a method, predict, remove it; return its quality as a flat dict of floats.
+
+        Keys: `psnr` (x0 PSNR in dB, averaged over the timesteps), `psnr_drop` (the unmerged model's
+        minus this), `eps_rel_change` (`||eps - eps_base|| / ||eps_base||` over all timesteps), and
+        `psnr_t{t}` / `eps_rel_change_t{t}` per timestep. `remove` runs even if the forward fails.
+
+        Example:
+            >>> from tome_processors import apply_tome, remove_tome
+            >>> row = probe.measure(lambda unet: apply_tome(unet, ratio=0.5), remove_tome)  # doctest: +SKIP
+            >>> row["eps_rel_change"], row["psnr_drop"]  # doctest: +SKIP
+        """
+        base = self.baseline()
+        if apply is None:
+            eps = base
+        else:
+            apply(self.unet)
+            try:
+                eps = self.predict_eps()
+            finally:
+                if remove is not None:
+                    remove(self.unet)
+        x0, x0_base = self.x0_from_eps(eps), self.x0_from_eps(base)
+        row: dict[str, float] = {}
+        psnrs, base_psnrs = [], []
+        for index, timestep in enumerate(self.timesteps):
+            value = psnr(x0[index], self.crops)
+            psnrs.append(value)
+            base_psnrs.append(psnr(x0_base[index], self.crops))
+            row[f"psnr_t{timestep}"] = value
+            row[f"eps_rel_change_t{timestep}"] = _relative_change(eps[index], base[index])
+        row["psnr"] = float(np.mean(psnrs))
+        row["psnr_drop"] = float(np.mean(base_psnrs) - np.mean(psnrs))
+        row["eps_rel_change"] = _relative_change(eps, base)
+        return dict(sorted(row.items()))
+
+    def trivial_psnr(self) -> dict[str, dict[int, float]]:
+        """x0 PSNR of predictors that need no model, per timestep, to set the model's against.
+
+        - `zero_eps`: predict eps = 0, so x0 = x_t / sqrt(alpha_bar);
+        - `mean`: each crop's per-channel mean of x_t / sqrt(alpha_bar) everywhere;
+        - `blur`: x_t / sqrt(alpha_bar) under a Gaussian blur, with the width from `BLUR_SIGMAS`
+          that scores best at that timestep on these very crops (an oracle choice, so a strong baseline).
+
+        Example:
+            >>> sorted(probe.trivial_psnr())  # doctest: +SKIP
+            ['blur', 'mean', 'zero_eps']
+        """
+        scaled = self.noisy / self.alphas.sqrt().view(-1, 1, 1, 1, 1)
+        table: dict[str, dict[int, float]] = {"zero_eps": {}, "mean": {}, "blur": {}}
+        for index, timestep in enumerate(self.timesteps):
+            image = scaled[index]
+            table["zero_eps"][timestep] = psnr(image.clamp(-1.0, 1.0), self.crops)
+            mean = image.mean(dim=(2, 3), keepdim=True).expand_as(image)
+            table["mean"][timestep] = psnr(mean.clamp(-1.0, 1.0), self.crops)
+            blurred = [psnr(_gaussian_blur(image, s).clamp(-1.0, 1.0), self.crops) for s in BLUR_SIGMAS]
+            table["blur"][timestep] = max(blurred)
+        return table
+
+
+def _relative_change(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((value.double() - reference.double()).norm() / reference.double().norm())
+
+
+def _tomesd(ratio: float) -> tuple[Callable[[torch.nn.Module], object], Callable[[torch.nn.Module], object]]:
+    """tomesd's own patch as a method (a test-only oracle); its generator forks the global RNG, so seed it."""
+    import tomesd
+
+    def apply(unet: torch.nn.Module) -> None:
+        torch.manual_seed(0)
+        tomesd.apply_patch(unet, ratio=ratio)
+
+    return apply, tomesd.remove_patch
+
+
+def reference_methods() -> dict[str, tuple[Callable[[torch.nn.Module], object], Callable[[torch.nn.Module], object]]]:
+    """Named (apply, remove) pairs measured by `python -m tome_processors.quality`.
+
+    tomesd is included when it is installed (it is a test dependency).
+
+    Example:
+        >>> "tome r=0.5" in reference_methods()
+        True
+    """
+    from .apply import apply_tome, remove_tome
+
+    def tome(**options: object) -> tuple[Callable[[torch.nn.Module], object], Callable[[torch.nn.Module], object]]:
+        return (lambda unet: apply_tome(unet, **options)), remove_tome
+
+    methods = {
+        "tome r=0.3": tome(ratio=0.3),
+        "tome r=0.5": tome(ratio=0.5),
+        "tome r=0.75": tome(ratio=0.75),
+        "tome r=0.5 use_rand=False": tome(ratio=0.5, use_rand=False),
+        "tome r=0.5 share_level": tome(ratio=0.5, share_level=True),
+        "tome r=0.5 merge_mlp": tome(ratio=0.5, merge_mlp=True),
+        "downsample_kv avg": tome(mode="downsample_kv"),
+        "downsample_kv nearest": tome(mode="downsample_kv", kv_pool="nearest"),
+    }
+    try:
+        methods["tomesd r=0.5"] = _tomesd(0.5)
+    except ImportError:
+        pass
+    return methods
+
+
+def _ranks(values: list[float]) -> list[int]:
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0] * len(values)
+    for rank, index in enumerate(order, start=1):
+        ranks[index] = rank
+    return ranks
+
+
+def report(per_image: int = 2, seed: int = 0) -> str:
+    """A markdown report: the model against trivial predictors, and every reference method measured
+    on the trained denoiser and on the same architecture with random weights.
+
+    Example:
+        >>> print(report())  # doctest: +SKIP
+    """
+    probe = QualityProbe.default(per_image=per_image, seed=seed)
+    random_probe = QualityProbe.default(per_image=per_image, seed=seed, random_weights=True)
+    base = probe.measure()
+    trivial = probe.trivial_psnr()
+    steps, alphas = probe.timesteps, probe.alphas.tolist()
+    lines = [
+        f"Held-out crops: {probe.crops.shape[0]} of {probe.crops.shape[-2]}x{probe.crops.shape[-1]} "
+        f"from {', '.join(HELDOUT_IMAGES)}; seed {seed}.",
+        "",
+        "x0 PSNR (dB) by timestep (alpha_bar in brackets):",
+        "",
+        "| predictor | " + " | ".join(f"t={t} ({float(a):.3f})" for t, a in zip(steps, alphas, strict=True)) + " |",
+        "|---|" + "---:|" * len(steps),
+        "| trained denoiser | " + " | ".join(f"{base[f'psnr_t{t}']:.2f}" for t in steps) + " |",
+    ]
+    for name, values in trivial.items():
+        lines.append(f"| {name} | " + " | ".join(f"{values[t]:.2f}" for t in steps) + " |")
+    lines.append(
+        "| margin over best trivial | "
+        + " | ".join(f"{base[f'psnr_t{t}'] - max(v[t] for v in trivial.values()):+.2f}" for t in steps)
+        + " |"
+    )
+    names, trained, random = [], [], []
+    for name, (apply, remove) in reference_methods().items():
+        names.append(name)
+        trained.append(probe.measure(apply, remove))
+        random.append(random_probe.measure(apply, remove))
+    trained_rank = _ranks([row["eps_rel_change"] for row in trained])
+    random_rank = _ranks([row["eps_rel_change"] for row in random])
+    lines += [
+        "",
+        "Methods: relative change of the noise prediction against the unmerged model (rank 1 = smallest), "
+        f"and x0 PSNR drop (dB, mean over t; unmerged model {base['psnr']:.2f} dB):",
+        "",
+        "| method | trained eps change | rank | PSNR drop | worst-t PSNR drop | random-weight eps change | rank |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, name in enumerate(names):
+        worst = max(base[f"psnr_t{t}"] - trained[i][f"psnr_t{t}"] for t in steps)
+        lines.append(
+            f"| {name} | {trained[i]['eps_rel_change']:.4f} | {trained_rank[i]} | {trained[i]['psnr_drop']:+.3f} "
+            f"| {worst:+.3f} | {random[i]['eps_rel_change']:.4f} | {random_rank[i]} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m tome_processors.quality`: print the report."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Quality of token merging on the shipped trained denoiser.")
+    parser.add_argument("--per-image", type=int, default=2, help="held-out crops per photo")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(report(args.per_image, args.seed))
+
+
+if __name__ == "__main__":
+    main()
