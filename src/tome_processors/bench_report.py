@@ -1,0 +1,149 @@
+"""Rendering of `tome-processors bench` results: markdown table, JSON, speed-up/error plot, image grid.
+
+Example:
+    >>> print(markdown_table(rows))  # doctest: +SKIP
+    | method | ratio | s/forward | speed-up | error % | overhead % | peak MiB |
+    ...
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .benchmark import Row
+
+__all__ = ["save_grid", "save_json", "save_plot", "markdown_table", "meta_lines"]
+
+_COLUMNS = ("method", "ratio", "s/forward", "speed-up", "error %", "overhead %", "peak MiB")
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        return f"{value:.{digits}g}" if abs(value) < 1e4 else f"{value:.0f}"
+    return str(value)
+
+
+def _extra_keys(rows: Sequence[Row]) -> list[str]:
+    keys: list[str] = []
+    for row in rows:
+        keys += [k for k in row.extra if k not in keys]
+    return keys
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    """A markdown table, one line per row; `Row.extra` metrics become extra columns.
+
+    Example:
+        >>> from tome_processors.benchmark import Row
+        >>> print(markdown_table([Row("baseline", "baseline", None, 1.5, 1.0, 0.0)]).splitlines()[2])
+        | baseline | - | 1.500 | 1.00x | 0.00 | - | - |
+    """
+    extra = _extra_keys(rows)
+    header = [*_COLUMNS, *extra]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [
+            row.name,
+            _fmt(row.ratio),
+            f"{row.seconds:.3f}",
+            f"{row.speedup:.2f}x",
+            f"{100 * row.rel_error:.2f}",
+            "-" if row.overhead_share is None else f"{100 * row.overhead_share:.2f}",
+            "-" if row.peak_memory_mib is None else f"{row.peak_memory_mib:.0f}",
+            *(_fmt(row.extra.get(k)) for k in extra),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def meta_lines(meta: dict[str, Any]) -> str:
+    """`key: value` lines of the run's machine, versions and settings."""
+    return "\n".join(f"- {key}: {value}" for key, value in meta.items())
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def save_json(rows: Sequence[Row], meta: dict[str, Any], path: str | Path) -> Path:
+    """`{"meta": {...}, "rows": [every Row field, extra metrics under "extra"]}` written to `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": _json_safe(meta), "rows": [_json_safe(asdict(row)) for row in rows]}
+    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def save_plot(rows: Sequence[Row], path: str | Path, title: str = "") -> Path:
+    """A PNG of speed-up (y) against output error (x), one curve per method family, points labelled by ratio."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    families: dict[str, list[Row]] = {}
+    for row in rows:
+        families.setdefault(row.family, []).append(row)
+    for family, members in families.items():
+        members = sorted(members, key=lambda r: (r.ratio is None, r.ratio or 0.0))
+        xs = [100 * r.rel_error for r in members]
+        ys = [r.speedup for r in members]
+        style = "o-" if len(members) > 1 else "s"
+        ax.plot(xs, ys, style, label=family)
+        for r, x, y in zip(members, xs, ys, strict=True):
+            if r.ratio is not None:
+                ax.annotate(f"{r.ratio:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("output change: relative L2 error of the UNet output (%)")
+    ax.set_ylabel("speed-up per UNet forward (x)")
+    ax.set_title(title or "speed-up against output change")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
+def save_grid(images: Sequence[Any], labels: Sequence[str], path: str | Path, columns: int = 4) -> Path:
+    """PIL images side by side (at least 160 px wide each), each with its label (may hold `\\n`) below it."""
+    from PIL import Image, ImageDraw  # noqa: PLC0415
+
+    if len(images) != len(labels) or not images:
+        raise ValueError(f"Expected as many labels as images (> 0), but got {len(images)} and {len(labels)}.")
+    width, height = images[0].size
+    scale = max(1, math.ceil(160 / width))
+    cell_w, cell_h = width * scale, height * scale
+    label_h = 14 * (1 + max(label.count("\n") for label in labels)) + 6
+    columns = max(1, min(columns, len(images)))
+    grid_rows = math.ceil(len(images) / columns)
+    grid = Image.new("RGB", (columns * cell_w, grid_rows * (cell_h + label_h)), "white")
+    draw = ImageDraw.Draw(grid)
+    for index, (image, label) in enumerate(zip(images, labels, strict=True)):
+        x, y = (index % columns) * cell_w, (index // columns) * (cell_h + label_h)
+        grid.paste(image.convert("RGB").resize((cell_w, cell_h), Image.NEAREST), (x, y))
+        draw.multiline_text((x + 4, y + cell_h + 3), label, fill="black", spacing=2)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(path)
+    return path
