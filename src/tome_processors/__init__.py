@@ -8,15 +8,21 @@ Example:
 
 from .apply import apply_tome, is_tome_applied, remove_tome
 from .config import ToMeConfig
+from .pipeline import ToMeMixin, disable_tome, enable_tome, patch_pipelines, unpatch_pipelines
 from .processor import ToMeProcessor
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ToMeConfig",
+    "ToMeMixin",
     "ToMeProcessor",
     "__version__",
     "apply_tome",
+    "disable_tome",
+    "enable_tome",
     "is_tome_applied",
+    "patch_pipelines",
     "remove_tome",
+    "unpatch_pipelines",
 ]

@@ -1,0 +1,399 @@
+"""`pipe.enable_tome()` / `pipe.disable_tome()` and keeping ToMe on while diffusers replaces processors.
+
+Many diffusers APIs replace every attention processor (xFormers, attention slicing, fused QKV,
+IP-Adapter, `set_default_attn_processor`) or inspect the current ones by class before doing so. A
+wrapper processor would be dropped by the first kind and would mislead the second. So while ToMe is
+enabled through a pipeline, a `_Keeper` watches each merged model:
+
+- the model's processor-setting methods (`set_attn_processor`, `set_default_attn_processor`,
+  `fuse_qkv_projections`, ...) are wrapped on the instance, like accelerate wraps `forward`: during
+  the call the model holds its plain inner processors, so diffusers sees (and keeps) exactly what it
+  would see without ToMe; afterwards every processor is wrapped again;
+- the pipeline's own methods that read `unet.attn_processors` directly (`unload_ip_adapter`,
+  `set_ip_adapter_scale`) get the same treatment;
+- a forward pre-hook re-wraps anything replaced some other way (`attn.processor = ...`).
+
+No forward is copied and no class is swapped; `disable_tome()` deletes the instance attributes and
+hooks and leaves the model bit-identical to never having enabled ToMe.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from .apply import apply_tome, remove_tome
+from .attach import discard_pending
+from .config import ToMeConfig
+from .hooks import CONTEXT_ATTR
+from .processor import ToMeProcessor
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ToMeMixin", "disable_tome", "enable_tome", "patch_pipelines", "unpatch_pipelines"]
+
+#: Instance attribute of a merged model while a pipeline keeps ToMe on it: its `_Keeper`.
+KEEPER_ATTR = "_tome_keeper"
+#: Instance attribute of a pipeline with ToMe enabled: its `_PipelineState`.
+PIPELINE_ATTR = "_tome_pipeline_state"
+
+# Model methods that replace processors or read them by class before replacing them.
+_MODEL_METHODS = (
+    "set_attn_processor",
+    "set_default_attn_processor",
+    "fuse_qkv_projections",
+    "unfuse_qkv_projections",
+    "set_attention_slice",
+    "set_use_memory_efficient_attention_xformers",
+    "_load_ip_adapter_weights",
+)
+# Pipeline methods that read `unet.attn_processors` by class without going through a model method.
+_PIPELINE_METHODS = ("unload_ip_adapter", "set_ip_adapter_scale")
+
+
+def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from diffusers.models.attention_processor import Attention  # noqa: PLC0415
+
+    return [m for m in model.modules() if isinstance(m, Attention) and hasattr(m, "processor")]
+
+
+class _Keeper:
+    """Keeps every attention processor of one model wrapped in a `ToMeProcessor` with `config`."""
+
+    def __init__(self, model: torch.nn.Module, config: ToMeConfig) -> None:
+        self.model = model
+        self.config = config
+        self.attentions = _attention_modules(model)
+        self.wrappers: list[ToMeProcessor | None] = [None] * len(self.attentions)
+        self.depth = 0
+        self.methods: list[str] = []
+        self.handle: torch.utils.hooks.RemovableHandle | None = None
+
+    def install(self) -> None:
+        for index, attn in enumerate(self.attentions):
+            if isinstance(attn.processor, ToMeProcessor):
+                self.wrappers[index] = attn.processor
+        for name in _MODEL_METHODS:
+            original = getattr(self.model, name, None)
+            if callable(original) and name not in self.model.__dict__:
+                self.model.__dict__[name] = _unwrapping(self, original)
+                self.methods.append(name)
+        self.handle = self.model.register_forward_pre_hook(self._pre_hook)
+        self.model.__dict__[KEEPER_ATTR] = self
+
+    def uninstall(self) -> None:
+        for name in self.methods:
+            self.model.__dict__.pop(name, None)
+        self.methods.clear()
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+        self.model.__dict__.pop(KEEPER_ATTR, None)
+
+    @property
+    def active(self) -> bool:
+        return CONTEXT_ATTR in self.model.__dict__
+
+    def is_wrapped(self) -> bool:
+        """Whether every attention module still holds the wrapper this keeper gave it (identity checks only)."""
+        return all(attn.processor is wrapper for attn, wrapper in zip(self.attentions, self.wrappers, strict=True))
+
+    def unwrap(self) -> None:
+        for attn in self.attentions:
+            if isinstance(attn.processor, ToMeProcessor):
+                attn.set_processor(attn.processor.inner)
+
+    def rewrap(self) -> None:
+        if not self.active:  # remove_tome() was called directly: nothing to keep
+            return
+        replaced = []
+        for index, attn in enumerate(self.attentions):
+            processor = attn.processor
+            if processor is self.wrappers[index]:
+                continue
+            if isinstance(processor, ToMeProcessor):
+                replaced.append(processor)
+                processor = processor.inner
+            previous = self.wrappers[index]
+            if previous is not None and previous.inner is processor:
+                wrapper = previous  # same inner processor: keep the same wrapper object
+            else:
+                wrapper = ToMeProcessor(processor, self.config)
+                replaced.append(wrapper)
+            self.wrappers[index] = wrapper
+            attn.set_processor(wrapper)
+        discard_pending(replaced)
+
+    @contextmanager
+    def unwrapped(self) -> Iterator[None]:
+        """Plain inner processors inside the block, ToMe wrappers again after it (even on error)."""
+        self.depth += 1
+        try:
+            if self.depth == 1:
+                self.unwrap()
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self.rewrap()
+
+    def _pre_hook(self, module: torch.nn.Module, args: tuple) -> None:
+        # Identity checks that torch.compile turns into guards it already has; re-wrapping only runs
+        # after something replaced processors behind the wrapped methods' back.
+        if self.depth == 0 and not self.is_wrapped():
+            self.rewrap()
+
+
+def _unwrapping(keeper: _Keeper, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with keeper.unwrapped():
+            return method(*args, **kwargs)
+
+    return call
+
+
+class _PipelineState:
+    """What `enable_tome` did to one pipeline, so that `disable_tome` can undo exactly that."""
+
+    def __init__(self, config: ToMeConfig, models: list[torch.nn.Module]) -> None:
+        self.config = config
+        self.models = models
+        self.methods: list[str] = []
+
+    @contextmanager
+    def unwrapped(self) -> Iterator[None]:
+        with _all_unwrapped([m.__dict__[KEEPER_ATTR] for m in self.models if KEEPER_ATTR in m.__dict__]):
+            yield
+
+
+@contextmanager
+def _all_unwrapped(keepers: list[_Keeper]) -> Iterator[None]:
+    if not keepers:
+        yield
+        return
+    with keepers[0].unwrapped(), _all_unwrapped(keepers[1:]):
+        yield
+
+
+def _merged_models(pipe: Any, controlnet: bool) -> list[torch.nn.Module]:
+    denoiser = None
+    for name in ("unet", "transformer"):
+        candidate = getattr(pipe, name, None)
+        if isinstance(candidate, torch.nn.Module):
+            denoiser = candidate
+            break
+    if denoiser is None:
+        raise TypeError(
+            f"Expected a diffusers pipeline with a `unet` (or `transformer`), but got {type(pipe).__name__}, which "
+            "has none."
+        )
+    models = [denoiser]
+    if controlnet:
+        net = getattr(pipe, "controlnet", None)
+        if not isinstance(net, torch.nn.Module):
+            raise ValueError(
+                f"Expected a pipeline with a `controlnet` for controlnet=True, but got {type(pipe).__name__}, "
+                "which has none."
+            )
+        nets = getattr(net, "nets", None)  # MultiControlNetModel holds a list of ControlNets
+        models.extend(nets if isinstance(nets, torch.nn.ModuleList) else [net])
+    return models
+
+
+def enable_tome(
+    pipe: Any, ratio: float | None = None, *, config: ToMeConfig | None = None, controlnet: bool = False, **options: Any
+) -> Any:
+    """Merge tokens in the pipeline's UNet (and optionally its ControlNet) and keep merging whatever else is set.
+
+    The pipeline's current attention processors (SDPA, xFormers, IP-Adapter, your own) stay as the
+    inner processors. ToMe then survives `enable_xformers_memory_efficient_attention()`,
+    `set_default_attn_processor()`, `enable_attention_slicing()`, `fuse_qkv_projections()`,
+    `load_ip_adapter()` and their undoing, in any order. Enabling again replaces the options.
+
+    Args:
+        pipe: a diffusers pipeline with a `unet`.
+        ratio: share of the tokens merged away in the merged blocks (see `ToMeConfig`); by default
+            `config.ratio`, or 0.5 without a config.
+        config: a `ToMeConfig` to start from; `ratio` and `options` override its fields.
+        controlnet: also merge inside `pipe.controlnet` (each net of a `MultiControlNetModel`).
+        **options: any other `ToMeConfig` field, e.g. `max_downsample=2`, `use_rand=False`.
+
+    Returns:
+        `pipe`, changed in place.
+
+    Example:
+        >>> import tome_processors
+        >>> tome_processors.enable_tome(pipe, ratio=0.5)  # doctest: +SKIP
+        >>> pipe.enable_xformers_memory_efficient_attention()  # doctest: +SKIP  (ToMe stays on)
+        >>> tome_processors.disable_tome(pipe)  # doctest: +SKIP
+    """
+    if not isinstance(controlnet, bool):
+        raise TypeError(f"Expected controlnet to be a bool, but got {controlnet!r}.")
+    if ratio is not None:
+        options["ratio"] = ratio
+    config = ToMeConfig.from_kwargs(config, **options)
+    models = _merged_models(pipe, controlnet)
+    disable_tome(pipe)
+    try:
+        for model in models:
+            apply_tome(model, config)
+            _Keeper(model, config).install()
+    except Exception:
+        for model in models:
+            _forget_model(model)
+        raise
+    state = _PipelineState(config, models)
+    for name in _PIPELINE_METHODS:
+        original = getattr(pipe, name, None)
+        if callable(original) and name not in pipe.__dict__:
+            object.__setattr__(pipe, name, _pipeline_unwrapping(state, original))
+            state.methods.append(name)
+    object.__setattr__(pipe, PIPELINE_ATTR, state)
+    logger.debug("ToMe enabled on %s: %s", type(pipe).__name__, config)
+    return pipe
+
+
+def _pipeline_unwrapping(state: _PipelineState, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with state.unwrapped():
+            return method(*args, **kwargs)
+
+    return call
+
+
+def _forget_model(model: torch.nn.Module) -> None:
+    keeper: _Keeper | None = model.__dict__.get(KEEPER_ATTR)
+    if keeper is not None:
+        keeper.uninstall()
+    remove_tome(model)
+    # fuse_qkv_projections() saved the processors it replaced: make unfuse restore unwrapped ones.
+    saved = getattr(model, "original_attn_processors", None)
+    if isinstance(saved, dict):
+        for name, processor in saved.items():
+            if isinstance(processor, ToMeProcessor):
+                saved[name] = processor.inner
+
+
+def disable_tome(pipe: Any) -> Any:
+    """Undo `enable_tome`: inner processors back, hooks and wrapped methods gone.
+
+    The pipeline's images are then bit-identical to never having enabled ToMe. Disabling a
+    pipeline without ToMe does nothing.
+
+    Example:
+        >>> tome_processors.disable_tome(pipe)  # doctest: +SKIP
+    """
+    state: _PipelineState | None = pipe.__dict__.get(PIPELINE_ATTR)
+    if state is None:
+        return pipe
+    for name in state.methods:
+        pipe.__dict__.pop(name, None)
+    for model in state.models:
+        _forget_model(model)
+    del pipe.__dict__[PIPELINE_ATTR]
+    return pipe
+
+
+def tome_config_of(pipe: Any) -> ToMeConfig | None:
+    """The `ToMeConfig` enabled on `pipe`, or None."""
+    state: _PipelineState | None = pipe.__dict__.get(PIPELINE_ATTR)
+    if state is None or not all(CONTEXT_ATTR in m.__dict__ for m in state.models):
+        return None
+    return state.config
+
+
+class ToMeMixin:
+    """Gives a diffusers pipeline `enable_tome()`, `disable_tome()` and `tome_config`.
+
+    Put it first among the bases of your pipeline class, or call `tome_processors.patch_pipelines()`
+    once to give every stock diffusers pipeline these methods.
+
+    Example:
+        >>> from diffusers import StableDiffusionPipeline
+        >>> from tome_processors import ToMeMixin
+        >>> class MyPipeline(ToMeMixin, StableDiffusionPipeline):
+        ...     pass
+        >>> pipe = MyPipeline.from_pretrained("stable-diffusion-v1-5/stable-diffusion-v1-5")  # doctest: +SKIP
+        >>> pipe.enable_tome(ratio=0.5)  # doctest: +SKIP
+        >>> pipe.tome_config.ratio  # doctest: +SKIP
+        0.5
+    """
+
+    def enable_tome(
+        self, ratio: float | None = None, *, config: ToMeConfig | None = None, controlnet: bool = False, **options: Any
+    ) -> None:
+        """Merge tokens in the UNet (and with `controlnet=True` in the ControlNet); see `tome_processors.enable_tome`.
+
+        Example:
+            >>> pipe.enable_tome(ratio=0.5, max_downsample=2)  # doctest: +SKIP
+        """
+        enable_tome(self, ratio, config=config, controlnet=controlnet, **options)
+
+    def disable_tome(self) -> None:
+        """Take ToMe away again; images are then bit-identical to never having enabled it.
+
+        Example:
+            >>> pipe.disable_tome()  # doctest: +SKIP
+        """
+        disable_tome(self)
+
+    @property
+    def tome_config(self) -> ToMeConfig | None:
+        """The enabled `ToMeConfig`, or None when ToMe is off.
+
+        Example:
+            >>> pipe.enable_tome(ratio=0.4); pipe.tome_config.ratio  # doctest: +SKIP
+            0.4
+        """
+        return tome_config_of(self)
+
+
+_PATCHED_NAMES = ("enable_tome", "disable_tome", "tome_config")
+
+
+def patch_pipelines() -> None:
+    """Give every diffusers pipeline class `enable_tome()`, `disable_tome()` and `tome_config`.
+
+    The one opt-in line: it adds those three attributes to `diffusers.DiffusionPipeline` (the base
+    class of every pipeline) and nothing else. Calling it again does nothing;
+    `unpatch_pipelines()` takes them away.
+
+    Example:
+        >>> import tome_processors
+        >>> tome_processors.patch_pipelines()
+        >>> from diffusers import StableDiffusionPipeline
+        >>> hasattr(StableDiffusionPipeline, "enable_tome")
+        True
+        >>> tome_processors.unpatch_pipelines()
+    """
+    from diffusers import DiffusionPipeline  # noqa: PLC0415
+
+    for name in _PATCHED_NAMES:
+        existing = DiffusionPipeline.__dict__.get(name)
+        if existing is not None and existing is not ToMeMixin.__dict__[name]:
+            raise RuntimeError(
+                f"Expected DiffusionPipeline to have no `{name}` of its own, but got {existing!r}; "
+                "not patching over it (use ToMeMixin or tome_processors.enable_tome(pipe) instead)."
+            )
+    for name in _PATCHED_NAMES:
+        setattr(DiffusionPipeline, name, ToMeMixin.__dict__[name])
+
+
+def unpatch_pipelines() -> None:
+    """Undo `patch_pipelines()`. Pipelines with ToMe enabled keep it until `disable_tome(pipe)`.
+
+    Example:
+        >>> tome_processors.unpatch_pipelines()
+    """
+    from diffusers import DiffusionPipeline  # noqa: PLC0415
+
+    for name in _PATCHED_NAMES:
+        if DiffusionPipeline.__dict__.get(name) is ToMeMixin.__dict__[name]:
+            delattr(DiffusionPipeline, name)
