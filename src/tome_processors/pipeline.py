@@ -9,8 +9,8 @@ enabled through a pipeline, a `_Keeper` watches each merged model:
   `fuse_qkv_projections`, ...) are wrapped on the instance, like accelerate wraps `forward`: during
   the call the model holds its plain inner processors, so diffusers sees (and keeps) exactly what it
   would see without ToMe; afterwards every processor is wrapped again;
-- the pipeline's own methods that read `unet.attn_processors` directly (`unload_ip_adapter`,
-  `set_ip_adapter_scale`) get the same treatment;
+- the pipeline's own methods that read the processors directly (`unload_ip_adapter`,
+  `set_ip_adapter_scale`, the xFormers switch) get the same treatment;
 - a forward pre-hook re-wraps anything replaced some other way (`attn.processor = ...`).
 
 No forward is copied and no class is swapped; `disable_tome()` deletes the instance attributes and
@@ -52,8 +52,9 @@ _MODEL_METHODS = (
     "set_use_memory_efficient_attention_xformers",
     "_load_ip_adapter_weights",
 )
-# Pipeline methods that read `unet.attn_processors` by class without going through a model method.
-_PIPELINE_METHODS = ("unload_ip_adapter", "set_ip_adapter_scale")
+# Pipeline methods that read processors by class without going through a model method (the xFormers
+# switch walks every submodule itself, after the model's own method has returned).
+_PIPELINE_METHODS = ("unload_ip_adapter", "set_ip_adapter_scale", "set_use_memory_efficient_attention_xformers")
 
 
 def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
