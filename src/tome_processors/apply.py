@@ -7,11 +7,13 @@ import warnings
 from typing import Any, TypeVar
 
 import torch
+from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_processor import Attention
 
 from .attach import discard_pending
 from .config import ToMeConfig
-from .hooks import CONTEXT_ATTR, ToMeContext, attention_levels, install, spatial_transformer_blocks
+from .families import Family, family_of, find_family
+from .hooks import CONTEXT_ATTR, ToMeContext, attention_levels, install
 from .processor import ToMeProcessor
 
 logger = logging.getLogger(__name__)
@@ -33,16 +35,16 @@ def _target_models(model_or_pipeline: Any) -> list[torch.nn.Module]:
     )
 
 
-def _attention_modules(model: torch.nn.Module) -> list[Attention]:
-    return [m for m in model.modules() if isinstance(m, Attention) and hasattr(m, "processor")]
+def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    # `Attention` (UNets, PixArt, SD3) and the newer `AttentionModuleMixin` modules (FluxAttention).
+    return [m for m in model.modules() if isinstance(m, (Attention, AttentionModuleMixin)) and hasattr(m, "processor")]
 
 
-def _check_mergeable(model: torch.nn.Module) -> None:
-    if not _attention_modules(model) or not spatial_transformer_blocks(model):
-        raise ValueError(
-            "Expected a model with attention inside spatial transformer blocks (BasicTransformerBlock in "
-            f"Transformer2DModel), but got {type(model).__name__}, which has none."
-        )
+def _check_mergeable(model: torch.nn.Module) -> Family:
+    family = family_of(model)  # names the model's class when its family is not supported
+    if not _attention_modules(model):
+        raise ValueError(f"Expected a model with attention modules, but got {type(model).__name__}, which has none.")
+    return family
 
 
 def _warn_if_merges_nothing(model: torch.nn.Module, config: ToMeConfig) -> None:
@@ -73,8 +75,10 @@ def apply_tome(model_or_pipeline: T, config: ToMeConfig | None = None, **kwargs:
 
     Args:
         model_or_pipeline: a `UNet2DConditionModel` (or another model with spatial transformer
-            blocks), or a pipeline with a `unet`.
-        config: a `ToMeConfig`; keyword options override its fields.
+            blocks), a `PixArtTransformer2DModel`, `SD3Transformer2DModel` or
+            `FluxTransformer2DModel`, or a pipeline with a `unet` or `transformer`.
+        config: a `ToMeConfig`; keyword options override its fields. Without one, the model
+            family's defaults are used (tomesd's for UNets; see docs/transformers.md).
 
     Returns:
         `model_or_pipeline`, changed in place.
@@ -85,14 +89,18 @@ def apply_tome(model_or_pipeline: T, config: ToMeConfig | None = None, **kwargs:
         >>> image = pipe("a photo of an astronaut riding a horse on mars").images[0]  # doctest: +SKIP
         >>> tome_processors.remove_tome(pipe)  # doctest: +SKIP
     """
-    config = ToMeConfig.from_kwargs(config, **kwargs)
     models = _target_models(model_or_pipeline)
+    plans = []
     for model in models:  # check everything before changing anything
-        _check_mergeable(model)
-    for model in models:
+        family = _check_mergeable(model)
+        # Without a config, the family's defaults (docs/transformers.md); keyword options override them.
+        model_config = ToMeConfig.from_kwargs(config if config is not None else family.default_config(), **kwargs)
+        family.check_config(model, model_config)
+        plans.append((model, family, model_config))
+    for model, family, config in plans:  # noqa: B020 (each model's own config from here on)
         _warn_if_merges_nothing(model, config)
         remove_tome(model)
-        context = install(model, config)
+        context = install(model, config, family)
         wrappers = []
         for attn in _attention_modules(model):
             wrapper = ToMeProcessor(attn.processor, config)
@@ -124,10 +132,16 @@ def remove_tome(model_or_pipeline: T) -> T:
 def attach_processors(model: torch.nn.Module, processors: list[ToMeProcessor], args: tuple) -> None:
     """Install the merge context for processors that were set directly (see `attach.py`)."""
     discard_pending(processors)
-    if CONTEXT_ATTR in model.__dict__ or not spatial_transformer_blocks(model):
+    family = find_family(model)
+    if CONTEXT_ATTR in model.__dict__ or family is None:
         return
-    _warn_if_merges_nothing(model, processors[0].config)
-    context = install(model, processors[0].config)
+    config = processors[0].config
+    if family.merge_only and config.mode != "merge":
+        warnings.warn(
+            f"ToMe mode={config.mode!r} merges nothing on {type(model).__name__}; use mode='merge'.", stacklevel=3
+        )
+    _warn_if_merges_nothing(model, config)
+    context = install(model, config, family)
     setattr(model, CONTEXT_ATTR, context)
     # This forward's own pre-hook list was fixed before the context existed: run it by hand.
     model_pre_hook = model._forward_pre_hooks[context.handles[0].id]

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .hooks import spatial_transformer_blocks
+from .families import find_family
 from .merge import level_downsample
 
 __all__ = ["BenchSettings", "BlockInput", "Method", "Row", "record_block_inputs", "relative_error", "run_benchmark"]
@@ -165,10 +165,12 @@ def record_block_inputs(unet: torch.nn.Module, forward: Callable[[], Any]) -> tu
     """
     latent: list[tuple[int, int]] = []
     seen: list[BlockInput] = []
+    family = find_family(unet)  # UNet: the latent; diffusion transformers: the patch grid
 
     def model_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        sample = args[0] if args else kwargs.get("sample")
-        latent.append((int(sample.shape[-2]), int(sample.shape[-1])))
+        grid = family.token_grid(module, args, kwargs) if family is not None else None
+        if grid is not None:
+            latent.append(grid)
 
     def block_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         tokens = args[0] if args else kwargs.get("hidden_states")
@@ -183,7 +185,8 @@ def record_block_inputs(unet: torch.nn.Module, forward: Callable[[], Any]) -> tu
         seen.append(BlockInput(tokens.detach().clone(), h, w, downsample))
 
     handles = [unet.register_forward_pre_hook(model_hook, with_kwargs=True)]
-    handles += [b.register_forward_pre_hook(block_hook, with_kwargs=True) for b in spatial_transformer_blocks(unet)]
+    blocks = [site.module for site in family.blocks(unet)] if family is not None else []
+    handles += [b.register_forward_pre_hook(block_hook, with_kwargs=True) for b in blocks]
     try:
         out = forward()
     finally:

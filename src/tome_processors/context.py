@@ -69,8 +69,12 @@ class ModelState:
 
     def begin_forward(self, sample: torch.Tensor, timestep: object, read_timestep: bool) -> None:
         """Record the latent size and timestep of a forward that is starting."""
-        self.latent_hw = (int(sample.shape[-2]), int(sample.shape[-1]))
-        self.step_key = step_key_from_timestep(timestep, sample.device)
+        self.begin((int(sample.shape[-2]), int(sample.shape[-1])), sample.device, timestep, read_timestep)
+
+    def begin(self, latent_hw: tuple[int, int], device: torch.device, timestep: object, read_timestep: bool) -> None:
+        """Record the token grid (a UNet's latent, a transformer's patch grid) and timestep of a forward."""
+        self.latent_hw = latent_hw
+        self.step_key = step_key_from_timestep(timestep, device)
         self.forward += 1
         if not read_timestep or timestep is None:
             self.timestep = None

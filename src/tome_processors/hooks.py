@@ -1,7 +1,8 @@
 """The block-level merge context: forward hooks that fill and clear `ModelState` / `BlockState`.
 
-A call flows one way:
-model pre-hook (latent size, timestep) -> block pre-hook (raw block input = the metric) ->
+Which blocks and attention modules get hooks, and where the token grid comes from, is the model
+family's business (`families.py`). A call flows one way:
+model pre-hook (token grid, timestep) -> block pre-hook (raw block input = the metric) ->
 processors and feed-forward hooks (merge, run, unmerge) -> block post-hook (clear).
 No forward is copied and no class is swapped; removing the handles restores the model.
 """
@@ -18,6 +19,7 @@ from diffusers.models.attention_processor import Attention
 
 from .config import ToMeConfig
 from .context import BlockState, ModelState
+from .families import BlockSite, Family, family_of
 from .processor import SLOT_ATTR, AttentionSlot
 
 logger = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ class ToMeContext:
 
     model_state: ModelState
     blocks: list[BlockState] = field(default_factory=list)
-    slotted: list[Attention] = field(default_factory=list)
+    slotted: list[torch.nn.Module] = field(default_factory=list)
     handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
 
     def remove(self, model: torch.nn.Module) -> None:
@@ -89,50 +91,50 @@ def attention_levels(model: torch.nn.Module) -> list[int]:
     return [2**i for i, block in enumerate(down_blocks) if len(getattr(block, "attentions", None) or []) > 0]
 
 
-def install(model: torch.nn.Module, config: ToMeConfig) -> ToMeContext:
-    """Install the merge context on `model`: a model pre-hook and hooks on every spatial block."""
-    levels = attention_levels(model)
-    context = ToMeContext(ModelState(config=config, auto_downsample=min(levels) if levels else 1))
+def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None = None) -> ToMeContext:
+    """Install the merge context on `model`: a model pre-hook and hooks on every block of its family."""
+    family = family or family_of(model)
+    context = ToMeContext(ModelState(config=config, auto_downsample=family.auto_downsample(model)))
     state = context.model_state
 
     def model_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        sample = _first(args, kwargs, 0, "sample")
-        if isinstance(sample, torch.Tensor) and sample.ndim >= 4:
-            state.begin_forward(sample, _first(args, kwargs, 1, "timestep"), config.needs_step_count)
-        else:
+        x = _first(args, kwargs, family.input_position, family.input_name)
+        grid = family.token_grid(module, args, kwargs) if isinstance(x, torch.Tensor) else None
+        if grid is None:
             state.reset()
+            return
+        state.begin(grid, x.device, family.timestep(args, kwargs), config.needs_step_count)
 
     context.handles.append(model.register_forward_pre_hook(model_pre_hook, with_kwargs=True))
 
-    for index, block in enumerate(spatial_transformer_blocks(model)):
+    for index, site in enumerate(family.blocks(model)):
         block_state = BlockState(state, index)
         context.blocks.append(block_state)
-        _install_block(context, block, block_state, config)
+        _install_block(context, site, block_state, config)
+    logger.debug("ToMe hooks on %s (%s): %d blocks", type(model).__name__, family.name, len(context.blocks))
     return context
 
 
-def _install_block(
-    context: ToMeContext, block: BasicTransformerBlock, block_state: BlockState, config: ToMeConfig
-) -> None:
+def _install_block(context: ToMeContext, site: BlockSite, block_state: BlockState, config: ToMeConfig) -> None:
     def block_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         block_state.reset()
         hidden_states = _first(args, kwargs, 0, "hidden_states")
-        # The raw block input, before norm1: tomesd's similarity metric.
+        # The raw block input (image tokens), before norm1: tomesd's similarity metric.
         block_state.metric = hidden_states if isinstance(hidden_states, torch.Tensor) else None
 
     def block_post_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         block_state.reset()
 
+    block = site.module
     context.handles.append(block.register_forward_pre_hook(block_pre_hook, with_kwargs=True))
     context.handles.append(block.register_forward_hook(block_post_hook, with_kwargs=True, always_call=True))
 
-    for attn, is_cross in ((block.attn1, block.only_cross_attention), (block.attn2, True)):
-        if attn is not None and _is_mergeable_attention(attn):
-            setattr(attn, SLOT_ATTR, AttentionSlot(block_state, is_cross))
-            context.slotted.append(attn)
+    for attention in site.attentions:
+        setattr(attention.module, SLOT_ATTR, AttentionSlot(block_state, attention.is_cross, attention.layout))
+        context.slotted.append(attention.module)
 
-    if config.merge_mlp and getattr(block, "ff", None) is not None:
-        _install_feed_forward(context, block.ff, block_state, config)
+    if config.merge_mlp and site.feed_forward is not None:
+        _install_feed_forward(context, site.feed_forward, block_state, config)
 
 
 def _install_feed_forward(

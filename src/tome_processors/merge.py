@@ -36,6 +36,9 @@ class TokenMerge:
         batch: B.
         num_tokens: N.
         num_rows: M.
+        row_token: `(B, M)` long or None, the token each row is kept at: its destination, or the
+            one token of a row that nothing was merged into. Positional encodings of merged rows
+            (rotary embeddings) follow this token.
     """
 
     token_row: torch.Tensor
@@ -43,6 +46,7 @@ class TokenMerge:
     batch: int
     num_tokens: int
     num_rows: int
+    row_token: torch.Tensor | None = None
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         """`(B, N, C)` -> `(B, M, C)`: each row is the mean of the tokens that went into it."""
@@ -130,8 +134,9 @@ def window_choice(hsy: int, wsx: int, windows: int, key: torch.Tensor) -> torch.
 
 def _identity(batch: int, num_tokens: int, device: torch.device, dtype: torch.dtype) -> TokenMerge:
     rows = torch.arange(batch * num_tokens, device=device)
+    row_token = torch.arange(num_tokens, device=device).expand(batch, num_tokens)
     return TokenMerge(
-        rows, torch.ones(batch * num_tokens, 1, device=device, dtype=dtype), batch, num_tokens, num_tokens
+        rows, torch.ones(batch * num_tokens, 1, device=device, dtype=dtype), batch, num_tokens, num_tokens, row_token
     )
 
 
@@ -218,7 +223,14 @@ def bipartite_soft_matching_2d(
 
         row_size = torch.zeros(B * num_rows, 1, device=metric.device, dtype=metric.dtype)
         row_size.index_add_(0, token_row, torch.ones(B * N, 1, device=metric.device, dtype=metric.dtype))
-    return TokenMerge(token_row, row_size, B, N, num_rows)
+
+        # The token each row is kept at, in row order: the unmerged sources, then the destinations.
+        # A stable sort of the merged flags lists the unmerged sources first, in token order (and,
+        # unlike a boolean mask, has a size known in advance).
+        unmerged_first = torch.argsort(is_merged.to(torch.int32), dim=1, stable=True)[:, :num_unmerged]
+        kept_src = src_idx.index_select(0, unmerged_first.reshape(-1)).view(B, num_unmerged)
+        row_token = torch.cat([kept_src, dst_idx.expand(B, num_dst)], dim=1)
+    return TokenMerge(token_row, row_size, B, N, num_rows, row_token)
 
 
 def level_downsample(latent_tokens: int, num_tokens: int) -> int:

@@ -10,6 +10,8 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 
 from .config import ToMeConfig
 from .context import BlockState
+from .families import Layout
+from .layouts import run_with_text
 from .merge import pool_tokens
 
 #: Attribute set on each mergeable attention module while ToMe is applied: an `AttentionSlot`.
@@ -17,13 +19,14 @@ SLOT_ATTR = "_tome_slot"
 
 
 class AttentionSlot:
-    """Where an attention module sits: its block's state and whether it is self- or cross-attention."""
+    """Where an attention module sits: its block's state, self- or cross-attention, its token layout."""
 
-    __slots__ = ("block", "is_cross")
+    __slots__ = ("block", "is_cross", "layout")
 
-    def __init__(self, block: BlockState, is_cross: bool) -> None:
+    def __init__(self, block: BlockState, is_cross: bool, layout: Layout = Layout.IMAGE) -> None:
         self.block = block
         self.is_cross = is_cross
+        self.layout = layout
 
 
 class _SignedCall:
@@ -105,14 +108,26 @@ class ToMeProcessor(torch.nn.Module):
 
     def __getattr__(self, name: str) -> Any:
         # diffusers' `set_attention_backend` and friends look for attributes of the processor.
-        if name == "_attention_backend":
-            return getattr(self.__dict__.get("inner") or self._modules.get("inner"), name)
+        if name in _FORWARDED:
+            return getattr(self._inner_processor(), name)
         return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # ... and set them (`processor._attention_backend = backend`): that must reach the inner one.
+        if name in _FORWARDED and hasattr(self._inner_processor(), name):
+            setattr(self._inner_processor(), name, value)
+            return
+        super().__setattr__(name, value)
+
+    def _inner_processor(self) -> Any:
+        return self.__dict__.get("inner") or self._modules.get("inner")
 
     def forward(self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         slot = getattr(attn, SLOT_ATTR, None)
         if slot is None or hidden_states.ndim != 3:
             return self.inner(attn, hidden_states, *args, **kwargs)
+        if slot.layout is not Layout.IMAGE:  # image tokens next to text tokens (SD3, Flux)
+            return run_with_text(self, slot, attn, hidden_states, args, kwargs)
         if self.config.mode == "downsample_kv":
             keys_values = self._pooled_keys_values(slot, hidden_states, args, kwargs)
             if keys_values is not None:  # self-attention over pooled keys/values: K, V = f(pooled)
@@ -151,6 +166,10 @@ class ToMeProcessor(torch.nn.Module):
         if grid is None or not slot.block.applies(config, grid):
             return None
         return pool_tokens(hidden_states, grid.h, grid.w, config.kv_factor, config.kv_pool)
+
+
+#: Attributes that diffusers reads and sets on processors, kept on the inner processor.
+_FORWARDED = frozenset({"_attention_backend", "_parallel_config"})
 
 
 def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:

@@ -35,9 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", default=None, help="a local diffusers folder (pipeline or unet) or a hub id")
     what.add_argument(
         "--arch",
-        choices=["sd15", "sd2", "sdxl"],
+        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux"],
         default=None,
-        help="a real UNet architecture with random weights (default sd15 when no --model)",
+        help="a real UNet or diffusion-transformer architecture with random weights (default sd15 when no --model)",
     )
     what.add_argument("--quick", action="store_true", help="a tiny architecture that finishes in seconds")
     what.add_argument("--resolution", type=int, default=None, help="image side in pixels (default: the model's)")
@@ -183,7 +183,11 @@ def _meta(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, mo
 def _build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, str]:
     """(unet, pipeline or None, model description)."""
     from ..bench_models import build_unet, load_unet  # noqa: PLC0415
+    from ..bench_transformers import TRANSFORMER_ARCHITECTURES, build_transformer  # noqa: PLC0415
 
+    if args.model is None and args.arch in TRANSFORMER_ARCHITECTURES:
+        model = build_transformer(args.arch, quick=args.quick, seed=args.seed).to(device, dtype)
+        return model, None, f"{args.arch}{' (tiny)' if args.quick else ''} architecture, random weights"
     if args.model is None:
         arch = args.arch or "sd15"
         if args.quick:
@@ -200,8 +204,9 @@ def _build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -
     return load_unet(args.model, dtype).to(device), None, args.model
 
 
-def _methods(args: argparse.Namespace, auto_downsample: int) -> list:
+def _methods(args: argparse.Namespace, auto_downsample: int, family: Any = None) -> list:
     from ..bench_methods import (  # noqa: PLC0415
+        MODES,
         baseline_method,
         mode_methods,
         ours_methods,
@@ -210,9 +215,15 @@ def _methods(args: argparse.Namespace, auto_downsample: int) -> list:
     )
 
     methods = [baseline_method(), *ours_methods(args.ratios, auto_downsample)]
-    if not args.no_tomesd and tomesd_available():
+    unet = family is None or family.name == "unet"
+    if unet and not args.no_tomesd and tomesd_available():  # tomesd patches UNet blocks only
         methods += tomesd_methods(args.ratios, max_downsample=auto_downsample)
     modes = [m for m in args.modes if m != "none"]
+    if family is not None and family.merge_only:  # joint attention: no K/V pooling (docs/transformers.md)
+        skipped = [m for m in modes if MODES[m].options.get("mode", "merge") != "merge"]
+        modes = [m for m in modes if m not in skipped]
+        if skipped:
+            print(f"note: modes {skipped} do not apply to {family.name} and are left out.", file=sys.stderr)
     return methods + mode_methods(modes, args.ratios, auto_downsample)
 
 
@@ -222,7 +233,9 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench_models import make_inputs  # noqa: PLC0415
     from ..bench_report import markdown_table, meta_lines, save_json, save_plot  # noqa: PLC0415
+    from ..bench_transformers import QUICK_TEXT_TOKENS, make_transformer_inputs  # noqa: PLC0415
     from ..benchmark import BenchSettings, run_benchmark  # noqa: PLC0415
+    from ..families import find_family  # noqa: PLC0415
     from ..hooks import attention_levels  # noqa: PLC0415
 
     parser = getattr(args, "parser", None)
@@ -236,13 +249,22 @@ def run(args: argparse.Namespace) -> int:
     dtype = _dtype(args.dtype, device)
 
     unet, pipe, model = _build(args, device, dtype)
-    unet.set_attn_processor(AttnProcessor2_0())
-    sample_size = unet.config.sample_size
+    family = find_family(unet)
+    transformer = family is not None and family.name != "unet"
+    if not transformer:  # diffusion transformers keep their own processors (SD3 and Flux need them)
+        unet.set_attn_processor(AttnProcessor2_0())
+    sample_size = getattr(unet.config, "sample_size", None) or 128  # Flux has none: 1024 px
     sample_size = sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size
     resolution = args.resolution or (128 if args.quick else int(sample_size) * 8)
-    inputs = make_inputs(unet, args.batch, resolution, seed=args.seed, device=device, dtype=dtype)
+    if transformer:
+        text_tokens = QUICK_TEXT_TOKENS if args.quick else None
+        inputs = make_transformer_inputs(
+            unet, family.name, args.batch, resolution, args.seed, device, dtype, text_tokens=text_tokens
+        )
+    else:
+        inputs = make_inputs(unet, args.batch, resolution, seed=args.seed, device=device, dtype=dtype)
     levels = attention_levels(unet)
-    methods = _methods(args, min(levels) if levels else 1)
+    methods = _methods(args, min(levels) if levels else 1, family)
 
     settings = BenchSettings(
         rounds=args.rounds, warmup=args.warmup, measure_memory=not args.no_memory, progress=not args.no_progress

@@ -1,0 +1,182 @@
+"""Diffusion transformers for `tome-processors bench --arch pixart|sd3|flux`: random weights, fixed inputs.
+
+The full-size architectures follow the published transformer configs of PixArt-α (XL-2, 1024 px),
+Stable Diffusion 3 medium and FLUX.1-dev (nothing is downloaded; weights are diffusers' random
+initialisation, so speed and memory are those of the real model while the output change says nothing
+about image quality). FLUX.1-dev has 12 B parameters: about 48 GB in float32, 24 GB in bfloat16.
+`--quick` builds tiny versions with the same block structure.
+
+Example:
+    >>> model = build_transformer("pixart", quick=True)
+    >>> inputs = make_transformer_inputs(model, "pixart", batch=1, resolution=64)
+    >>> tuple(inputs.run(model).shape)
+    (1, 8, 8, 8)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = [
+    "QUICK_TEXT_TOKENS",
+    "TRANSFORMER_ARCHITECTURES",
+    "TransformerInputs",
+    "build_transformer",
+    "make_transformer_inputs",
+]
+
+_FULL: dict[str, dict[str, Any]] = {
+    "pixart": dict(
+        num_attention_heads=16,
+        attention_head_dim=72,
+        in_channels=4,
+        out_channels=8,
+        num_layers=28,
+        cross_attention_dim=1152,
+        sample_size=128,
+        patch_size=2,
+        caption_channels=4096,
+        use_additional_conditions=True,
+    ),
+    "sd3": dict(
+        sample_size=128,
+        patch_size=2,
+        in_channels=16,
+        num_layers=24,
+        attention_head_dim=64,
+        num_attention_heads=24,
+        joint_attention_dim=4096,
+        caption_projection_dim=1536,
+        pooled_projection_dim=2048,
+        out_channels=16,
+        pos_embed_max_size=192,
+    ),
+    "flux": dict(
+        patch_size=1,
+        in_channels=64,
+        num_layers=19,
+        num_single_layers=38,
+        attention_head_dim=128,
+        num_attention_heads=24,
+        joint_attention_dim=4096,
+        pooled_projection_dim=768,
+        guidance_embeds=True,
+        axes_dims_rope=(16, 56, 56),
+    ),
+}
+_QUICK: dict[str, dict[str, Any]] = {
+    "pixart": dict(_FULL["pixart"], num_attention_heads=2, attention_head_dim=16, num_layers=2, cross_attention_dim=32,
+                   sample_size=16, caption_channels=32, use_additional_conditions=False),
+    "sd3": dict(_FULL["sd3"], sample_size=16, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=16,
+                num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=32,
+                pos_embed_max_size=32),
+    "flux": dict(_FULL["flux"], in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+                 num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 6, 6)),
+}  # fmt: skip
+
+#: Architecture name -> transformer config (the full-size one).
+TRANSFORMER_ARCHITECTURES = _FULL
+#: Text tokens of each family's pipeline: PixArt-α's T5 (120), SD3's CLIP + T5 (77 + 256), Flux's T5 (512).
+TEXT_TOKENS = {"pixart": 120, "sd3": 333, "flux": 512}
+#: Text tokens for the `--quick` models.
+QUICK_TEXT_TOKENS = 16
+
+
+def _model_class(arch: str) -> type:
+    from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel  # noqa: PLC0415
+
+    return {"pixart": PixArtTransformer2DModel, "sd3": SD3Transformer2DModel, "flux": FluxTransformer2DModel}[arch]
+
+
+def build_transformer(arch: str, quick: bool = False, seed: int = 0) -> torch.nn.Module:
+    """A diffusion transformer of the named architecture with random weights (seeded), in eval mode.
+
+    Example:
+        >>> type(build_transformer("sd3", quick=True)).__name__
+        'SD3Transformer2DModel'
+    """
+    if arch not in _FULL:
+        raise ValueError(f"Expected arch among {sorted(_FULL)}, but got {arch!r}.")
+    torch.manual_seed(seed)
+    return _model_class(arch)(**(_QUICK if quick else _FULL)[arch]).eval()
+
+
+@dataclass
+class TransformerInputs:
+    """Fixed keyword inputs of one transformer forward, the same for every method."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def run(self, model: torch.nn.Module) -> torch.Tensor:
+        """One forward (by keyword, as the pipelines call it); returns the output sample."""
+        with torch.inference_mode():
+            return model(**self.kwargs).sample
+
+
+def make_transformer_inputs(
+    model: torch.nn.Module,
+    arch: str,
+    batch: int,
+    resolution: int,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    text_tokens: int | None = None,
+) -> TransformerInputs:
+    """Random fixed inputs for `model` at `resolution` pixels (latent side `resolution // 8`).
+
+    `text_tokens` defaults to the family pipeline's prompt length (`TEXT_TOKENS`).
+
+    Example:
+        >>> flux = build_transformer("flux", quick=True)
+        >>> make_transformer_inputs(flux, "flux", 1, 64).kwargs["hidden_states"].shape  # 4 x 4 packed tokens
+        torch.Size([1, 16, 16])
+    """
+    config = model.config
+    g = torch.Generator().manual_seed(seed)
+    side = resolution // 8
+    if arch not in _FULL:
+        raise ValueError(f"Expected arch among {sorted(_FULL)}, but got {arch!r}.")
+    text_len = TEXT_TOKENS[arch] if text_tokens is None else text_tokens
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(device, dtype)
+
+    if arch == "pixart":
+        added = None
+        if model.use_additional_conditions:
+            added = {
+                "resolution": torch.tensor([[resolution, resolution]] * batch, dtype=dtype, device=device),
+                "aspect_ratio": torch.ones(batch, 1, dtype=dtype, device=device),
+            }
+        kwargs = {
+            "hidden_states": randn(batch, config.in_channels, side, side),
+            "encoder_hidden_states": randn(batch, text_len, config.caption_channels),
+            "timestep": torch.full((batch,), 500, device=device),
+            "added_cond_kwargs": added,
+        }
+    elif arch == "flux":
+        grid = side // 2  # the Flux pipelines pack 2 x 2 latent patches into one token
+        ids = torch.zeros(grid, grid, 3)
+        ids[..., 1] = torch.arange(grid)[:, None]
+        ids[..., 2] = torch.arange(grid)[None, :]
+        kwargs = {
+            "hidden_states": randn(batch, grid * grid, config.in_channels),
+            "encoder_hidden_states": randn(batch, text_len, config.joint_attention_dim),
+            "pooled_projections": randn(batch, config.pooled_projection_dim),
+            "timestep": torch.full((batch,), 0.5, device=device, dtype=dtype),
+            "img_ids": ids.view(-1, 3).to(device, dtype),
+            "txt_ids": torch.zeros(text_len, 3, device=device, dtype=dtype),
+            "guidance": torch.full((batch,), 3.5, device=device, dtype=dtype),
+        }
+    else:  # sd3
+        kwargs = {
+            "hidden_states": randn(batch, config.in_channels, side, side),
+            "encoder_hidden_states": randn(batch, text_len, config.joint_attention_dim),
+            "pooled_projections": randn(batch, config.pooled_projection_dim),
+            "timestep": torch.full((batch,), 500.0, device=device, dtype=dtype),
+        }
+    return TransformerInputs(kwargs)

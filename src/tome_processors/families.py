@@ -1,0 +1,330 @@
+"""Model families: where the blocks are, where the image tokens are, and each family's defaults.
+
+Everything that differs between a UNet and a diffusion transformer lives here, so the hooks and
+the processor stay generic. A family answers four questions about a model:
+
+1. Which blocks hold attention over image tokens, and how each attention module lays out its
+   tokens (`Layout`): image tokens alone, image tokens with the text passed separately (joint
+   attention), or text and image tokens concatenated with the text first.
+2. The token grid of the current forward, read from the model's arguments.
+3. The timestep of the current forward, on the 0..1000 scale.
+4. The default `ToMeConfig` (see docs/transformers.md for the reasoning).
+
+Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
+`PixArtTransformer2DModel`, `SD3Transformer2DModel` and `FluxTransformer2DModel`.
+
+Example:
+    >>> from tome_processors.families import family_of
+    >>> family_of(pixart_transformer).name  # doctest: +SKIP
+    'pixart'
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import ToMeConfig
+
+__all__ = [
+    "AttentionSite",
+    "BlockSite",
+    "Family",
+    "Layout",
+    "family_of",
+    "find_family",
+]
+
+
+class Layout(enum.Enum):
+    """How an attention module receives the image tokens."""
+
+    #: `hidden_states` are the image tokens; the output is one tensor of them.
+    IMAGE = "image"
+    #: `hidden_states` are the image tokens, the text comes as `encoder_hidden_states`, and the output
+    #: is `(image, text, ...)` (SD3 `JointAttnProcessor2_0`, Flux double-stream blocks).
+    JOINT = "joint"
+    #: `hidden_states` are text tokens followed by image tokens, and so is the output (Flux
+    #: single-stream blocks).
+    TEXT_FIRST = "text_first"
+
+
+@dataclass(frozen=True)
+class AttentionSite:
+    """An attention module to wrap: whether it is cross-attention and how its tokens are laid out."""
+
+    module: torch.nn.Module
+    is_cross: bool
+    layout: Layout = Layout.IMAGE
+
+
+@dataclass(frozen=True)
+class BlockSite:
+    """A block whose raw `hidden_states` input (image tokens) is the merge metric."""
+
+    module: torch.nn.Module
+    attentions: tuple[AttentionSite, ...]
+    feed_forward: torch.nn.Module | None
+
+
+def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    return args[position] if len(args) > position else None
+
+
+class Family:
+    """What ToMe needs to know about one kind of model. Subclasses fill in the details.
+
+    Attributes:
+        name: short name (`"unet"`, `"pixart"`, `"sd3"`, `"flux"`).
+        input_name / input_position: the model's input that the token grid is read from.
+        timestep_position: where the model's `timestep` argument sits when passed by position.
+        timestep_scale: multiplies the timestep onto the 0..1000 scale (Flux passes 0..1).
+        merge_only: True where only `mode="merge"` works (joint attention computes its keys and
+            values inside the processor from the same tokens as the queries, so K/V pooling cannot
+            be passed in from outside).
+        defaults: the family's default `ToMeConfig` fields.
+    """
+
+    name = "family"
+    input_name = "hidden_states"
+    input_position = 0
+    timestep_position = 2
+    timestep_scale = 1.0
+    merge_only = False
+    defaults: dict[str, Any] = {}
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        raise NotImplementedError
+
+    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        raise NotImplementedError
+
+    def auto_downsample(self, model: torch.nn.Module) -> int:
+        """What `max_downsample="auto"` means: every transformer block works at the patch grid."""
+        return 1
+
+    def default_config(self, **changes: Any) -> ToMeConfig:
+        """The family's default configuration, with `changes` applied.
+
+        Example:
+            >>> FAMILIES["flux"]().default_config().ratio
+            0.3
+        """
+        return ToMeConfig.from_kwargs(ToMeConfig(**self.defaults), **changes)
+
+    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
+        """`(h, w)` image tokens of this forward, or None when the call gives no grid."""
+        patch = int(getattr(model.config, "patch_size", 1) or 1)
+        x = _argument(args, kwargs, self.input_position, self.input_name)
+        if not isinstance(x, torch.Tensor) or x.ndim != 4:
+            return None
+        return int(x.shape[-2]) // patch, int(x.shape[-1]) // patch
+
+    def timestep(self, args: tuple, kwargs: dict) -> object:
+        """The timestep of this forward on the 0..1000 scale (tensor, number or None)."""
+        t = _argument(args, kwargs, self.timestep_position, "timestep")
+        if t is None or self.timestep_scale == 1.0:
+            return t
+        return t * self.timestep_scale
+
+    def check_config(self, model: torch.nn.Module, config: ToMeConfig) -> None:
+        """Raise a `ValueError` for options this family cannot honour."""
+        if self.merge_only and config.mode != "merge":
+            raise ValueError(
+                f'Expected mode="merge" on {type(model).__name__} (its joint attention computes keys and values '
+                f"from the same tokens as the queries), but got mode={config.mode!r}."
+            )
+
+
+class UNetFamily(Family):
+    """UNets (SD1.x, SD2.x, SDXL) and any model with `BasicTransformerBlock`s in `Transformer2DModel`s."""
+
+    name = "unet"
+    input_name = "sample"
+    timestep_position = 1
+    defaults: dict[str, Any] = {}  # tomesd's defaults
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        from .hooks import spatial_transformer_blocks  # noqa: PLC0415 (hooks imports this module)
+
+        return bool(spatial_transformer_blocks(model))
+
+    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        from .hooks import _is_mergeable_attention, spatial_transformer_blocks  # noqa: PLC0415
+
+        sites = []
+        for block in spatial_transformer_blocks(model):
+            attentions = tuple(
+                AttentionSite(attn, is_cross)
+                for attn, is_cross in ((block.attn1, block.only_cross_attention), (block.attn2, True))
+                if attn is not None and _is_mergeable_attention(attn)
+            )
+            sites.append(BlockSite(block, attentions, getattr(block, "ff", None)))
+        return sites
+
+    def auto_downsample(self, model: torch.nn.Module) -> int:
+        from .hooks import attention_levels  # noqa: PLC0415
+
+        levels = attention_levels(model)
+        return min(levels) if levels else 1
+
+    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
+        sample = _argument(args, kwargs, 0, "sample")
+        if not isinstance(sample, torch.Tensor) or sample.ndim < 4:
+            return None
+        return int(sample.shape[-2]), int(sample.shape[-1])
+
+
+class PixArtFamily(Family):
+    """`PixArtTransformer2DModel`: `BasicTransformerBlock`s (ada_norm_single) over the patch grid."""
+
+    name = "pixart"
+    timestep_position = 2
+    defaults: dict[str, Any] = {"ratio": 0.4}
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        from diffusers import PixArtTransformer2DModel  # noqa: PLC0415
+
+        return isinstance(model, PixArtTransformer2DModel)
+
+    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        sites = []
+        for block in model.transformer_blocks:
+            attentions = [AttentionSite(block.attn1, bool(block.only_cross_attention))]
+            if block.attn2 is not None:
+                attentions.append(AttentionSite(block.attn2, True))
+            sites.append(BlockSite(block, tuple(attentions), getattr(block, "ff", None)))
+        return sites
+
+
+class SD3Family(Family):
+    """`SD3Transformer2DModel`: `JointTransformerBlock`s; the text stream is never merged."""
+
+    name = "sd3"
+    timestep_position = 3
+    merge_only = True
+    defaults: dict[str, Any] = {"ratio": 0.4}
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        from diffusers import SD3Transformer2DModel  # noqa: PLC0415
+
+        return isinstance(model, SD3Transformer2DModel)
+
+    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        sites = []
+        for block in model.transformer_blocks:
+            attentions = [AttentionSite(block.attn, False, Layout.JOINT)]
+            if getattr(block, "attn2", None) is not None:  # SD3.5 dual attention: image tokens only
+                attentions.append(AttentionSite(block.attn2, False, Layout.IMAGE))
+            sites.append(BlockSite(block, tuple(attentions), block.ff))
+        return sites
+
+
+class FluxFamily(Family):
+    """`FluxTransformer2DModel`: double-stream (joint) then single-stream (text first) blocks.
+
+    The model gets packed tokens `(B, N, C)`, so the grid comes from `img_ids` (rows in column 1,
+    columns in column 2, row-major from 0, as the Flux pipelines build them). Inputs whose `img_ids`
+    are not one such grid (e.g. Kontext's appended reference image) are not merged.
+    """
+
+    name = "flux"
+    timestep_position = 3
+    timestep_scale = 1000.0  # the Flux pipelines pass sigma (0..1) as the timestep
+    merge_only = True
+    defaults: dict[str, Any] = {"ratio": 0.3}
+
+    def __init__(self) -> None:
+        self._last: tuple[weakref.ref, int, int, tuple[int, int] | None] | None = None
+        self._warned = False
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        from diffusers import FluxTransformer2DModel  # noqa: PLC0415
+
+        return isinstance(model, FluxTransformer2DModel)
+
+    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        sites = [BlockSite(b, (AttentionSite(b.attn, False, Layout.JOINT),), b.ff) for b in model.transformer_blocks]
+        sites += [
+            BlockSite(b, (AttentionSite(b.attn, False, Layout.TEXT_FIRST),), None)
+            for b in model.single_transformer_blocks
+        ]
+        return sites
+
+    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
+        x = _argument(args, kwargs, 0, "hidden_states")
+        ids = _argument(args, kwargs, 4, "img_ids")
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or not isinstance(ids, torch.Tensor):
+            return None
+        if ids.ndim == 3:
+            ids = ids[0]
+        last = self._last  # pipelines pass the same img_ids every step: read it once
+        if last is not None and last[0]() is ids and last[1] == ids._version and last[2] == x.shape[1]:
+            return last[3]
+        grid = grid_from_ids(ids, int(x.shape[1]))
+        self._last = (weakref.ref(ids), ids._version, int(x.shape[1]), grid)
+        if grid is None and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"ToMe merges nothing in this {type(model).__name__} call: expected img_ids numbering the rows and "
+                f"columns of one row-major grid of the {int(x.shape[1])} image tokens, but got img_ids of shape "
+                f"{tuple(ids.shape)} that do not.",
+                UserWarning,
+                stacklevel=2,
+            )
+        return grid
+
+
+def grid_from_ids(ids: torch.Tensor, num_tokens: int) -> tuple[int, int] | None:
+    """`(h, w)` when `ids[:, 1]` / `ids[:, 2]` number the rows / columns of a row-major grid of `num_tokens`.
+
+    Example:
+        >>> ids = torch.zeros(2, 3, 3)
+        >>> ids[..., 1] = torch.arange(2)[:, None]
+        >>> ids[..., 2] = torch.arange(3)[None]
+        >>> grid_from_ids(ids.view(6, 3), 6)
+        (2, 3)
+        >>> grid_from_ids(ids.view(6, 3).flip(0), 6) is None
+        True
+    """
+    if ids.ndim != 2 or ids.shape[0] != num_tokens or ids.shape[1] < 3 or num_tokens == 0:
+        return None
+    rows, cols = ids[:, 1].round().long(), ids[:, 2].round().long()
+    h, w = int(rows.max()) + 1, int(cols.max()) + 1
+    if h * w != num_tokens:
+        return None
+    expected = torch.arange(num_tokens, device=ids.device)
+    return (h, w) if torch.equal(rows * w + cols, expected) else None
+
+
+_FAMILIES: tuple[type[Family], ...] = (PixArtFamily, SD3Family, FluxFamily, UNetFamily)
+FAMILIES = {cls.name: cls for cls in _FAMILIES}
+
+#: Diffusion transformers that ToMe does not know, named in the error so users see why.
+_SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Transformer2DModel), " + ", ".join(
+    ("PixArtTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel")
+)
+
+
+def find_family(model: torch.nn.Module) -> Family | None:
+    """A fresh `Family` for `model`, or None when ToMe does not support it."""
+    for cls in _FAMILIES:
+        family = cls()
+        if family.matches(model):
+            return family
+    return None
+
+
+def family_of(model: Any) -> Family:
+    """The `Family` of `model`; a `ValueError` naming the model's class when it is not supported."""
+    family = find_family(model) if isinstance(model, torch.nn.Module) else None
+    if family is None:
+        raise ValueError(f"Expected a supported model family ({_SUPPORTED}), but got {type(model).__name__}.")
+    return family

@@ -1,0 +1,133 @@
+"""Merged attention where image tokens sit next to text tokens (SD3 joint attention, Flux).
+
+Only the image tokens are merged; text tokens reach the inner processor whole and its text output
+is returned as it is. Two layouts (see `families.Layout`):
+
+- JOINT: `processor(attn, image, text, mask, rotary, ...)` returning `(image, text, ...)`. The image
+  tokens are merged, the image output(s) unmerged, the text output untouched.
+- TEXT_FIRST: `processor(attn, cat(text, image), None, mask, rotary)` returning `cat(text, image)`.
+  The image part is merged behind the text and unmerged after.
+
+Rotary embeddings (Flux) cover text then image positions. A merged row keeps the rotation of the token
+it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing was merged into it):
+a rotation is exact only at a real position, and averaging cosines and sines of several positions
+gives no rotation at all. The merge is per sample, so the rows of two samples sit at different
+positions; diffusers' `apply_rotary_emb` takes one `(S, D)` table for the whole batch, so a batch of
+more than one is run one sample at a time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .families import Layout
+from .merge import TokenMerge
+
+_ROTARY = (2, "image_rotary_emb")  # position after hidden_states, and keyword name
+
+
+def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    if name in kwargs:
+        return kwargs[name]
+    return args[position] if len(args) > position else None
+
+
+def _replace(args: tuple, kwargs: dict, position: int, name: str, value: Any) -> tuple[tuple, dict]:
+    if name in kwargs or len(args) <= position:
+        return args, {**kwargs, name: value}
+    return (*args[:position], value, *args[position + 1 :]), kwargs
+
+
+def run_with_text(processor: Any, slot: Any, attn: torch.nn.Module, hidden_states: torch.Tensor, args, kwargs):
+    """Run `processor.inner` with the image tokens merged and the text tokens whole (see module doc)."""
+    inner = processor.inner
+    if processor.config.mode != "merge":  # K/V pooling cannot reach inside joint attention
+        return inner(attn, hidden_states, *args, **kwargs)
+    if slot.layout is Layout.JOINT:
+        merge = processor._merge_for(slot, hidden_states, args, kwargs)
+        text = _argument(args, kwargs, 0, "encoder_hidden_states")
+        text_len = int(text.shape[1]) if isinstance(text, torch.Tensor) else 0
+        if merge is None or not _rotary_fits(args, kwargs, text_len + merge.num_tokens):
+            return inner(attn, hidden_states, *args, **kwargs)
+        out = _call(inner, attn, merge.merge(hidden_states), args, kwargs, merge, text_len)
+        return _unmerge_joint(out, merge)
+
+    metric = slot.block.metric
+    text_len = hidden_states.shape[1] - (metric.shape[1] if isinstance(metric, torch.Tensor) else 0)
+    if metric is None or metric.ndim != 3 or text_len < 0:
+        return inner(attn, hidden_states, *args, **kwargs)
+    text, image = hidden_states[:, :text_len], hidden_states[:, text_len:]
+    merge = processor._merge_for(slot, image, args, kwargs)
+    if merge is None or not _rotary_fits(args, kwargs, hidden_states.shape[1]):
+        return inner(attn, hidden_states, *args, **kwargs)
+    out = _call(inner, attn, torch.cat([text, merge.merge(image)], dim=1), args, kwargs, merge, text_len)
+    if isinstance(out, tuple):  # a processor that returns more: the first output holds the tokens
+        return (_unmerge_text_first(out[0], merge, text_len), *out[1:])
+    return _unmerge_text_first(out, merge, text_len)
+
+
+def _unmerge_text_first(out: torch.Tensor, merge: TokenMerge, text_len: int) -> torch.Tensor:
+    return torch.cat([out[:, :text_len], merge.unmerge(out[:, text_len:])], dim=1)
+
+
+def _unmerge_joint(out: Any, merge: TokenMerge) -> Any:
+    if isinstance(out, torch.Tensor):
+        return merge.unmerge(out)
+    # (image, text, extra image outputs such as Flux IP-Adapter's): the text output stays as it is.
+    image, text, *extra = out
+    extra = [
+        merge.unmerge(x) if isinstance(x, torch.Tensor) and x.ndim == 3 and x.shape[1] == merge.num_rows else x
+        for x in extra
+    ]
+    return type(out)((merge.unmerge(image), text, *extra))
+
+
+def _rotary_tables(rotary: Any) -> list[torch.Tensor]:
+    return list(rotary) if isinstance(rotary, (tuple, list)) else [rotary]
+
+
+def _rotary_fits(args: tuple, kwargs: dict, num_positions: int) -> bool:
+    """No rotary embeddings, or tables with one row per text and image token (else: do not merge)."""
+    rotary = _argument(args, kwargs, *_ROTARY)
+    if rotary is None:
+        return True
+    tables = _rotary_tables(rotary)
+    return all(isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape[0] == num_positions for t in tables)
+
+
+def _merged_rotary(rotary: Any, positions: torch.Tensor, text_len: int) -> Any:
+    """The rotary tables of the text positions followed by those of each merged row's kept token."""
+    index = torch.cat([torch.arange(text_len, device=positions.device), positions + text_len])
+    tables = [t.index_select(0, index.to(t.device)) for t in _rotary_tables(rotary)]
+    return type(rotary)(tables) if isinstance(rotary, (tuple, list)) else tables[0]
+
+
+def _call(inner, attn, merged: torch.Tensor, args: tuple, kwargs: dict, merge: TokenMerge, text_len: int) -> Any:
+    rotary = _argument(args, kwargs, *_ROTARY)
+    if rotary is None:
+        return inner(attn, merged, *args, **kwargs)
+    batch = merge.batch
+    outputs = []
+    for b in range(batch):  # one rotary table per sample (see the module doc)
+        sample_args = tuple(_sample(x, b, batch) for x in args)
+        sample_kwargs = {k: _sample(v, b, batch) for k, v in kwargs.items()}
+        sample_args, sample_kwargs = _replace(
+            sample_args, sample_kwargs, *_ROTARY, _merged_rotary(rotary, merge.row_token[b], text_len)
+        )
+        outputs.append(inner(attn, merged[b : b + 1], *sample_args, **sample_kwargs))
+    if batch == 1:
+        return outputs[0]
+    if isinstance(outputs[0], torch.Tensor):
+        return torch.cat(outputs)
+    return type(outputs[0])(torch.cat(parts) if parts[0] is not None else None for parts in zip(*outputs, strict=True))
+
+
+def _sample(x: Any, b: int, batch: int) -> Any:
+    """Sample `b` of a per-sample argument (a tensor with a leading batch axis, or a list of them)."""
+    if isinstance(x, torch.Tensor):
+        return x[b : b + 1] if x.ndim >= 1 and x.shape[0] == batch and batch > 1 else x
+    if isinstance(x, list):
+        return [_sample(item, b, batch) for item in x]
+    return x
