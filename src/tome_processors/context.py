@@ -75,7 +75,8 @@ class ModelState:
         """Record the token grid (a UNet's latent, a transformer's patch grid) and timestep of a forward."""
         self.latent_hw = latent_hw
         self.step_key = step_key_from_timestep(timestep, device)
-        self.forward += 1
+        if self.config.share_level:  # a counter changing every call would make torch.compile recompile
+            self.forward += 1
         if not read_timestep or timestep is None:
             self.timestep = None
             return
@@ -96,20 +97,27 @@ class ModelState:
 class BlockState:
     """One transformer block's merge context for the current forward.
 
-    The merge is computed lazily, once per configuration, by whichever of attn1, attn2 or the
-    feed-forward asks first, and shared by the others.
+    The merge is computed lazily by whichever of attn1, attn2 or the feed-forward asks first, and
+    shared by the others (computed again only if one of them has another configuration).
     """
 
     model: ModelState
     index: int
     metric: torch.Tensor | None = None
-    merges: dict[ToMeConfig, TokenMerge | None] = field(default_factory=dict)
+    merged_config: ToMeConfig | None = None
+    merge: TokenMerge | None = None
     ff_merge: TokenMerge | None = None
 
     def reset(self) -> None:
         self.metric = None
-        self.merges.clear()
+        self.merged_config = None
+        self.merge = None
         self.ff_merge = None
+
+    @property
+    def merges(self) -> dict[ToMeConfig, TokenMerge | None]:
+        """The merge computed in this forward, by configuration (empty before the first)."""
+        return {} if self.merged_config is None else {self.merged_config: self.merge}
 
     def grid(self, num_tokens: int) -> Grid | None:
         """The token grid of this block in the current forward, or None if it is not one."""
@@ -126,10 +134,12 @@ class BlockState:
 
     def merge_for(self, config: ToMeConfig) -> TokenMerge | None:
         """The merge of this block's tokens under `config`, or None where this block is not merged."""
-        if config in self.merges:
-            return self.merges[config]
+        # One slot (all processors of a model normally share one config), kept in attributes rather
+        # than a dict: torch.compile breaks the graph at diffusers' signature lookup after a dict mutation.
+        if self.merged_config is not None and self.merged_config == config:
+            return self.merge
         merge = self._merge_or_reuse(config)
-        self.merges[config] = merge
+        self.merged_config, self.merge = config, merge
         return merge
 
     def _merge_or_reuse(self, config: ToMeConfig) -> TokenMerge | None:
@@ -154,7 +164,7 @@ class BlockState:
         fresh = kept is not None and (
             model.step - kept.step < config.recompute_every
             if config.recompute_every > 1
-            else kept.forward == model.forward
+            else model.config.share_level and kept.forward == model.forward
         )
         if fresh:
             return kept.merge

@@ -79,10 +79,12 @@ def _partition(h: int, w: int, sx: int, sy: int, choice: torch.Tensor) -> tuple[
     dst_idx = (rows * w + cols).reshape(-1)
     is_dst = torch.zeros(h * w, dtype=torch.bool, device=device)
     is_dst[dst_idx] = True
-    # Sorted destinations keep window order; rows/columns left over at the edges are sources.
-    dst_idx = is_dst.nonzero().squeeze(1)
-    src_idx = (~is_dst).nonzero().squeeze(1)
-    return dst_idx, src_idx
+    # Sorted destinations keep window order; rows/columns left over at the edges are sources. A stable
+    # sort of the flags lists sources, then destinations, each ascending; unlike `nonzero` its output
+    # size is known in advance, so torch.compile keeps one graph.
+    order = torch.argsort(is_dst.to(torch.int32), stable=True)
+    num_src = h * w - hsy * wsx
+    return order[num_src:], order[:num_src]
 
 
 def grid_partition(
