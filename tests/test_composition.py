@@ -115,7 +115,7 @@ def test_feature_and_tome_in_either_order(feature, tmp_path, monkeypatch, fake_x
     pipe, args = make_pipeline("sd", tmp_path / "a")
     turn_on(pipe, monkeypatch)
     feature_only = generate(pipe, args)
-    pipe.enable_tome(ratio=0.5) if hasattr(pipe, "enable_tome") else tp.enable_tome(pipe, ratio=0.5)
+    tp.enable_tome(pipe, ratio=0.5)
     feature_then_tome = generate(pipe, args)
     assert inner_types(pipe.unet) == {inner_class}
 
@@ -139,7 +139,7 @@ def test_feature_and_tome_in_either_order(feature, tmp_path, monkeypatch, fake_x
     if turn_off is not None:  # turning the feature off keeps ToMe, with the processor from before
         turn_off(pipe, monkeypatch)
         assert inner_types(pipe.unet) == {AttnProcessor2_0}
-        assert pipe.tome_config is not None if hasattr(pipe, "tome_config") else tp.is_tome_applied(pipe)
+        assert tp.is_tome_applied(pipe)
         tp.disable_tome(pipe)
         plain, _ = make_pipeline("sd", tmp_path / "c")
         if feature != "fused_qkv":  # unfusing keeps the fused weights' rounding: compare processors only
@@ -437,12 +437,6 @@ def test_gradient_checkpointing_recomputes_the_same_merge(sd):
 # ---------------------------------------------------------------- torch.compile
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="ToMe's core graph-breaks under dynamo today: `nonzero` in merge._partition and "
-    "inspect.signature of the processor's signed __call__ after a dict mutation (see docs/usage.md)",
-)
 def test_compiled_unet_has_no_graph_break_and_no_recompile_across_steps(sd):
     from torch._dynamo.utils import counters
 
@@ -451,10 +445,13 @@ def test_compiled_unet_has_no_graph_break_and_no_recompile_across_steps(sd):
     expected = generate(pipe, dict(args, num_inference_steps=3))
     torch._dynamo.reset()
     counters.clear()
-    pipe.unet = torch.compile(pipe.unet, backend="eager")
-    with torch.no_grad():
-        images = generate(pipe, dict(args, num_inference_steps=3))
-    assert dict(counters["graph_break"]) == {}
-    assert counters["stats"]["unique_graphs"] == 1  # one graph for all three steps
-    assert np.allclose(images, expected, atol=1e-5)
-    torch._dynamo.reset()
+    pipe.unet = torch.compile(pipe.unet, backend="eager")  # dynamo's tracing is what matters here
+    try:
+        generate(pipe, dict(args, num_inference_steps=1))
+        graphs = counters["stats"]["unique_graphs"]
+        images = generate(pipe, dict(args, num_inference_steps=3))  # other timesteps, more steps
+        assert dict(counters["graph_break"]) == {}
+        assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs  # nothing recompiled
+        assert np.allclose(images, expected, atol=1e-5)
+    finally:
+        torch._dynamo.reset()
