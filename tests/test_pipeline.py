@@ -15,6 +15,7 @@ from diffusers import (
     StableDiffusionImg2ImgPipeline,
     StableDiffusionInpaintPipeline,
     StableDiffusionPipeline,
+    StableDiffusionXLControlNetPipeline,
     StableDiffusionXLImg2ImgPipeline,
     StableDiffusionXLPipeline,
 )
@@ -93,8 +94,12 @@ def make_pipeline(kind: str, tmp_path: Path):
     """A tiny real pipeline of `kind` and the call arguments of a 2-step generation."""
     generator_args = dict(num_inference_steps=2, output_type="np")
     image = torch.rand(1, 3, SIZE, SIZE, generator=torch.Generator().manual_seed(5))
-    if kind == "sdxl" or kind == "sdxl-img2img":
+    if kind.startswith("sdxl"):
         pipe = sdxl_pipeline(tmp_path)
+        if kind == "sdxl-controlnet":
+            pipe = StableDiffusionXLControlNetPipeline(**pipe.components, controlnet=tiny_controlnet(pipe.unet))
+            pipe.set_progress_bar_config(disable=True)
+            return pipe, dict(prompt="a cat", image=image, height=SIZE, width=SIZE, **generator_args)
         if kind == "sdxl-img2img":
             pipe = StableDiffusionXLImg2ImgPipeline.from_pipe(pipe)
             pipe.set_progress_bar_config(disable=True)
@@ -151,7 +156,7 @@ def tome_leftovers(obj) -> list[str]:
     return names
 
 
-KINDS = ["sd", "img2img", "inpaint", "sdxl", "sdxl-img2img", "controlnet", "controlnet-img2img"]
+KINDS = ["sd", "img2img", "inpaint", "sdxl", "sdxl-img2img", "controlnet", "controlnet-img2img", "sdxl-controlnet"]
 
 
 @pytest.fixture(autouse=True)
@@ -296,10 +301,30 @@ def test_functions_work_without_patching(tmp_path):
     assert np.array_equal(generate(pipe, args), baseline)
 
 
+def test_pipelines_sharing_a_unet_through_from_pipe(tmp_path):
+    base, args = make_pipeline("sd", tmp_path)
+    baseline = generate(base, args)
+    tp.enable_tome(base, ratio=0.5)
+    merged = generate(base, args)
+    other = StableDiffusionPipeline.from_pipe(base)
+    other.set_progress_bar_config(disable=True)
+    assert np.array_equal(generate(other, args), merged)  # the shared UNet merges for both
+
+    tp.enable_tome(other, ratio=0.5)  # the last enable owns the UNet's keeper; no doubled wrapping
+    assert [name for name in vars(base.unet) if name == "set_attn_processor"] == ["set_attn_processor"]
+    other.unet.set_default_attn_processor()
+    assert np.array_equal(generate(base, args), generate(other, args))
+    tp.disable_tome(other)
+    assert hooks_left(base.unet) == 0 and tome_leftovers(base.unet) == []
+    base.unet.set_attn_processor(AttnProcessor2_0())
+    assert np.array_equal(generate(base, args), baseline)
+    tp.disable_tome(base)  # nothing left to undo
+
+
 # ---------------------------------------------------------------- ControlNet
 
 
-@pytest.mark.parametrize("kind", ["controlnet", "controlnet-img2img"])
+@pytest.mark.parametrize("kind", ["controlnet", "controlnet-img2img", "sdxl-controlnet"])
 def test_controlnet_is_merged_only_when_asked(kind, tmp_path, patched):
     pipe, args = make_pipeline(kind, tmp_path)
     baseline = generate(pipe, args)

@@ -243,6 +243,7 @@ def enable_tome(
     disable_tome(pipe)
     try:
         for model in models:
+            _forget_model(model)  # enabled earlier through another pipeline sharing it (`from_pipe`)
             apply_tome(model, config)
             _Keeper(model, config).install()
     except Exception:
