@@ -326,10 +326,37 @@ def _tomesd(ratio: float) -> tuple[Callable[[torch.nn.Module], object], Callable
     return apply, tomesd.remove_patch
 
 
+class _NoAttention:
+    """An attention processor that contributes nothing (the block keeps only its residual)."""
+
+    def __call__(self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: object, **kwargs: object):
+        return torch.zeros_like(hidden_states)
+
+
+def _without_top_self_attention() -> tuple[Callable[[torch.nn.Module], object], Callable[[torch.nn.Module], object]]:
+    """A reference, not a method: the top level's self-attention removed (first down and last up block)."""
+    saved: dict[str, object] = {}
+
+    def apply(unet: torch.nn.Module) -> None:
+        saved.update(unet.attn_processors)
+        top = ("down_blocks.0.", f"up_blocks.{len(unet.up_blocks) - 1}.")
+        for name, module in unet.named_modules():
+            if name.endswith(".attn1") and name.startswith(top):
+                module.set_processor(_NoAttention())
+
+    def remove(unet: torch.nn.Module) -> None:
+        unet.set_attn_processor(dict(saved))
+        saved.clear()
+
+    return apply, remove
+
+
 def reference_methods() -> dict[str, tuple[Callable[[torch.nn.Module], object], Callable[[torch.nn.Module], object]]]:
     """Named (apply, remove) pairs measured by `python -m tome_processors.quality`.
 
-    tomesd is included when it is installed (it is a test dependency).
+    tomesd is included when it is installed (it is a test dependency). The last entry is a reference,
+    not a method: the top level's self-attention switched off, to show how much the model relies on
+    the attention that merging approximates.
 
     Example:
         >>> "tome r=0.5" in reference_methods()
@@ -354,6 +381,7 @@ def reference_methods() -> dict[str, tuple[Callable[[torch.nn.Module], object], 
         methods["tomesd r=0.5"] = _tomesd(0.5)
     except ImportError:
         pass
+    methods["reference: no top-level self-attention"] = _without_top_self_attention()
     return methods
 
 
@@ -365,15 +393,15 @@ def _ranks(values: list[float]) -> list[int]:
     return ranks
 
 
-def report(per_image: int = 2, seed: int = 0) -> str:
+def report(per_image: int = 2, seed: int = 0, timesteps: Sequence[int] = DEFAULT_TIMESTEPS) -> str:
     """A markdown report: the model against trivial predictors, and every reference method measured
     on the trained denoiser and on the same architecture with random weights.
 
     Example:
         >>> print(report())  # doctest: +SKIP
     """
-    probe = QualityProbe.default(per_image=per_image, seed=seed)
-    random_probe = QualityProbe.default(per_image=per_image, seed=seed, random_weights=True)
+    probe = QualityProbe.default(timesteps, per_image=per_image, seed=seed)
+    random_probe = QualityProbe.default(timesteps, per_image=per_image, seed=seed, random_weights=True)
     base = probe.measure()
     trivial = probe.trivial_psnr()
     steps, alphas = probe.timesteps, probe.alphas.tolist()
@@ -425,11 +453,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Quality of token merging on the shipped trained denoiser.")
     parser.add_argument("--per-image", type=int, default=2, help="held-out crops per photo")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--timesteps", type=int, nargs="+", default=list(DEFAULT_TIMESTEPS), help="noise levels to measure at"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(report(args.per_image, args.seed))
+    print(report(args.per_image, args.seed, args.timesteps))
 
 
 if __name__ == "__main__":
