@@ -83,7 +83,7 @@ def test_python_dash_m_entry(tmp_path):
         (["--resolution", "100"], "multiple of 8"),
         (["--rounds", "0"], "--rounds >= 1"),
         (["--pipeline"], "--model with --pipeline"),
-        (["--arch", "sd3"], "invalid choice"),
+        (["--arch", "sd4"], "invalid choice"),
         (["--model", "somewhere", "--arch", "sd15"], "either --model or --arch"),
         (["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "nowhere"], "--device"),
     ],

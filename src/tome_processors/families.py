@@ -32,6 +32,7 @@ import torch
 from .config import ToMeConfig
 
 __all__ = [
+    "FAMILIES",
     "AttentionSite",
     "BlockSite",
     "Family",
