@@ -465,3 +465,13 @@ def test_bench_rows_for_transformer_architectures(arch, tmp_path, capsys):
         assert rows[name]["overhead_share"] > 0  # the block inputs were recorded on the patch grid
     if not pooled:
         assert "left out" in capsys.readouterr().err
+
+
+def test_flux_under_inference_mode_with_inference_tensors():
+    model = tiny_flux()
+    tp.apply_tome(model, ratio=0.5)
+    expected = run(model, flux_inputs())
+    with torch.inference_mode():  # img_ids made here are inference tensors (no version counter)
+        inputs = flux_inputs()
+        for _ in range(2):
+            assert torch.equal(model(**inputs).sample, expected)

@@ -266,11 +266,14 @@ class FluxFamily(Family):
             return None
         if ids.ndim == 3:
             ids = ids[0]
-        last = self._last  # pipelines pass the same img_ids every step: read it once
-        if last is not None and last[0]() is ids and last[1] == ids._version and last[2] == x.shape[1]:
+        # Pipelines pass the same img_ids every step: read them once (inference tensors have no
+        # version counter to tell an in-place change, so those are read every time).
+        version = -1 if ids.is_inference() else ids._version
+        last = self._last
+        if last is not None and version >= 0 and last[0]() is ids and last[1:3] == (version, x.shape[1]):
             return last[3]
         grid = grid_from_ids(ids, int(x.shape[1]))
-        self._last = (weakref.ref(ids), ids._version, int(x.shape[1]), grid)
+        self._last = (weakref.ref(ids), version, int(x.shape[1]), grid)
         if grid is None and not self._warned:
             self._warned = True
             warnings.warn(
