@@ -70,6 +70,9 @@ MODES: dict[str, ModeSpec] = {
         False,
         "ToDo: pool K/V 2x2 (top-left token)",
     ),
+    "kv4-avg": ModeSpec(
+        "ours kv4-avg", {"mode": "downsample_kv", "kv_pool": "avg", "kv_factor": 4}, False, "ToDo: pool K/V 4x4 (mean)"
+    ),
     "bf16": ModeSpec("ours bf16-sim", {"similarity_dtype": "bfloat16"}, True, "merge, similarity matrix in bfloat16"),
     "share": ModeSpec("ours share-level", {"share_level": True}, True, "merge, one matching per level and forward"),
     "bf16-share": ModeSpec(
@@ -79,7 +82,7 @@ MODES: dict[str, ModeSpec] = {
         "both of the above",
     ),
 }
-DEFAULT_MODES = ("kv-avg", "kv-nearest", "bf16")
+DEFAULT_MODES = ("kv-avg", "kv-nearest", "kv4-avg", "bf16")
 
 
 def _nothing(unet: torch.nn.Module) -> None:
