@@ -14,11 +14,12 @@ from PIL import Image
 from pipelines import tiny_sd_pipeline
 from tome_processors.bench_methods import baseline_method, mode_methods, ours_methods, tomesd_methods
 from tome_processors.bench_models import build_unet, make_inputs
+from tome_processors.bench_quality import TRAINED_EPS_CHANGE, TRAINED_PSNR_DROP
 from tome_processors.bench_report import markdown_table
 from tome_processors.benchmark import BenchSettings, run_benchmark
 from tome_processors.cli.main import main
 
-FAST = ["--quick", "--threads", "1", "--rounds", "1", "--no-progress"]
+FAST = ["--quick", "--threads", "1", "--rounds", "1", "--no-progress", "--no-trained-quality"]
 NUMBERS = ("seconds", "speedup", "rel_error", "peak_memory_mib", "memory_before_mib")
 
 
@@ -102,6 +103,19 @@ def test_sdxl_shaped_quick(tmp_path):
     rows = {r["name"]: r for r in json.loads(path.read_text())["rows"]}
     # merging acts at downsample 2, SDXL's first level with attention, for both libraries
     assert rows["ours r=0.5"]["rel_error"] > 0 and rows["tomesd r=0.5"]["rel_error"] > 0
+
+
+def test_trained_quality_columns_and_plot(tmp_path):
+    path, plot = tmp_path / "q.json", tmp_path / "q.png"
+    fast = [arg for arg in FAST if arg != "--no-trained-quality"]
+    argv = ["bench", *fast, "--no-tomesd", "--ratios", "0.5", "--modes", "kv-avg", "--no-memory"]
+    assert main([*argv, "--json", str(path), "--plot", str(plot), "--plot-error", "trained"]) == 0
+    rows = {r["name"]: r["extra"] for r in json.loads(path.read_text())["rows"]}
+    assert rows["baseline"] == {TRAINED_EPS_CHANGE: 0.0, TRAINED_PSNR_DROP: 0.0}
+    for name in ("ours r=0.5", "ours kv-avg"):
+        assert 0 < rows[name][TRAINED_EPS_CHANGE] < 100 and math.isfinite(rows[name][TRAINED_PSNR_DROP])
+    with Image.open(plot) as image:
+        assert image.format == "PNG"
 
 
 def test_pipeline_grid_on_a_saved_tiny_pipeline(tmp_path):

@@ -91,8 +91,12 @@ def save_json(rows: Sequence[Row], meta: dict[str, Any], path: str | Path) -> Pa
     return path
 
 
-def save_plot(rows: Sequence[Row], path: str | Path, title: str = "") -> Path:
-    """A PNG of speed-up (y) against output error (x), one curve per method family, points labelled by ratio."""
+def save_plot(rows: Sequence[Row], path: str | Path, title: str = "", error_key: str | None = None) -> Path:
+    """A PNG of speed-up (y) against output error (x), one curve per method family, points labelled by ratio.
+
+    `error_key` names an extra metric (already in percent) to use as the x axis instead of the
+    random-weight relative error, e.g. the trained denoiser's noise-prediction change.
+    """
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -106,7 +110,7 @@ def save_plot(rows: Sequence[Row], path: str | Path, title: str = "") -> Path:
         families.setdefault(row.family, []).append(row)
     for family, members in families.items():
         members = sorted(members, key=lambda r: (r.ratio is None, r.ratio or 0.0))
-        xs = [100 * r.rel_error for r in members]
+        xs = [100 * r.rel_error if error_key is None else float(r.extra[error_key]) for r in members]
         ys = [r.speedup for r in members]
         style = "o-" if len(members) > 1 else "s"
         ax.plot(xs, ys, style, label=family)
@@ -114,7 +118,11 @@ def save_plot(rows: Sequence[Row], path: str | Path, title: str = "") -> Path:
             if r.ratio is not None:
                 ax.annotate(f"{r.ratio:g}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xlabel("output change: relative L2 error of the UNet output (%)")
+    ax.set_xlabel(
+        "output change: relative L2 error of the UNet output (%)"
+        if error_key is None
+        else f"trained denoiser: {error_key.replace(' %', '')} (%)"
+    )
     ax.set_ylabel("speed-up per UNet forward (x)")
     ax.set_title(title or "speed-up against output change")
     ax.grid(alpha=0.3)

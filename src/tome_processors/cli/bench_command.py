@@ -52,6 +52,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"modes beyond tomesd to add as rows, or 'none': {modes}",
     )
     what.add_argument("--no-tomesd", action="store_true", help="leave tomesd out even when it is installed")
+    what.add_argument(
+        "--no-trained-quality",
+        action="store_true",
+        help="skip the columns measured on the shipped trained denoiser (UNet methods only)",
+    )
 
     how = parser.add_argument_group("how to measure")
     how.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5, 3 with --quick)")
@@ -71,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--json", default=None, metavar="PATH", help="write every row and the run's metadata here")
     out.add_argument("--plot", default=None, metavar="PATH", help="write a PNG of speed-up against output error")
+    out.add_argument(
+        "--plot-error",
+        choices=["random", "trained"],
+        default="random",
+        help="the plot's x axis: the random-weight output error, or the trained denoiser's noise-prediction change",
+    )
 
     gen = parser.add_argument_group("full generations (need real weights: --model)")
     gen.add_argument("--pipeline", action="store_true", help="generate one prompt per method and save a grid")
@@ -232,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
     from diffusers.models.attention_processor import AttnProcessor2_0  # noqa: PLC0415
 
     from ..bench_models import make_inputs  # noqa: PLC0415
+    from ..bench_quality import TRAINED_EPS_CHANGE  # noqa: PLC0415
     from ..bench_report import markdown_table, meta_lines, save_json, save_plot  # noqa: PLC0415
     from ..bench_transformers import QUICK_TEXT_TOKENS, make_transformer_inputs  # noqa: PLC0415
     from ..benchmark import BenchSettings, run_benchmark  # noqa: PLC0415
@@ -269,7 +281,14 @@ def run(args: argparse.Namespace) -> int:
     settings = BenchSettings(
         rounds=args.rounds, warmup=args.warmup, measure_memory=not args.no_memory, progress=not args.no_progress
     )
-    rows = run_benchmark(unet, methods, lambda: inputs.run(unet), settings)
+    extra_metrics = None
+    if not (args.no_trained_quality or transformer):
+        from ..bench_quality import trained_quality_metrics  # noqa: PLC0415
+
+        extra_metrics = trained_quality_metrics()
+    elif args.plot_error == "trained":
+        print("note: --plot-error trained needs the trained-quality columns; plotting the random-weight error.")
+    rows = run_benchmark(unet, methods, lambda: inputs.run(unet), settings, extra_metrics=extra_metrics)
     meta = _meta(args, device, dtype, model, resolution)
 
     print(markdown_table(rows))
@@ -279,7 +298,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"JSON: {save_json(rows, meta, args.json)}")
     if args.plot:
         title = f"{model}, {resolution} px, batch {args.batch}, {meta['dtype']} on {device.type}"
-        print(f"plot: {save_plot(rows, args.plot, title)}")
+        error_key = TRAINED_EPS_CHANGE if args.plot_error == "trained" and extra_metrics is not None else None
+        print(f"plot: {save_plot(rows, args.plot, title, error_key=error_key)}")
     if pipe is not None:
         from ..bench_pipeline import generate_grid  # noqa: PLC0415
 
