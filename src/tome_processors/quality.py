@@ -329,7 +329,9 @@ def _tomesd(ratio: float) -> tuple[Callable[[torch.nn.Module], object], Callable
 class _NoAttention:
     """An attention processor that contributes nothing (the block keeps only its residual)."""
 
-    def __call__(self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: object, **kwargs: object):
+    def __call__(
+        self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> torch.Tensor:
         return torch.zeros_like(hidden_states)
 
 
