@@ -424,10 +424,17 @@ def test_pipeline_with_a_transformer(arch):
     tp.remove_tome(pipe)
     assert torch.equal(run(model, inputs), baseline)
 
-    from tome_processors.pipeline import disable_tome, enable_tome  # noqa: PLC0415
+    from tome_processors.families import family_of  # noqa: PLC0415
+    from tome_processors.pipeline import disable_tome, enable_tome, tome_config_of  # noqa: PLC0415
 
     assert enable_tome(pipe) is pipe and tp.is_tome_applied(pipe)
-    assert not torch.allclose(run(model, inputs), baseline, atol=1e-4)
+    assert tome_config_of(pipe) == family_of(model).default_config()
+    merged = run(model, inputs)
+    assert not torch.allclose(merged, baseline, atol=1e-4)
+    # Processors replaced while enabled (here: the same inner ones set again) are wrapped again.
+    model.set_attn_processor({name: proc.inner for name, proc in model.attn_processors.items()})
+    assert all(isinstance(proc, tp.ToMeProcessor) for proc in model.attn_processors.values())
+    assert torch.equal(run(model, inputs), merged)
     disable_tome(pipe)
     assert torch.equal(run(model, inputs), baseline) and hooks_left(model) == 0
 

@@ -35,14 +35,15 @@ def _target_models(model_or_pipeline: Any) -> list[torch.nn.Module]:
     )
 
 
-def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every attention module of `model` that holds a processor, in module order."""
     # `Attention` (UNets, PixArt, SD3) and the newer `AttentionModuleMixin` modules (FluxAttention).
     return [m for m in model.modules() if isinstance(m, (Attention, AttentionModuleMixin)) and hasattr(m, "processor")]
 
 
 def _check_mergeable(model: torch.nn.Module) -> Family:
     family = family_of(model)  # names the model's class when its family is not supported
-    if not _attention_modules(model):
+    if not attention_modules(model):
         raise ValueError(f"Expected a model with attention modules, but got {type(model).__name__}, which has none.")
     return family
 
@@ -61,7 +62,7 @@ def _warn_if_merges_nothing(model: torch.nn.Module, config: ToMeConfig) -> None:
 
 
 def _unwrap_processors(model: torch.nn.Module) -> None:
-    for attn in _attention_modules(model):
+    for attn in attention_modules(model):
         if isinstance(attn.processor, ToMeProcessor):
             attn.set_processor(attn.processor.inner)
 
@@ -102,7 +103,7 @@ def apply_tome(model_or_pipeline: T, config: ToMeConfig | None = None, **kwargs:
         remove_tome(model)
         context = install(model, config, family)
         wrappers = []
-        for attn in _attention_modules(model):
+        for attn in attention_modules(model):
             wrapper = ToMeProcessor(attn.processor, config)
             wrappers.append(wrapper)
             attn.set_processor(wrapper)

@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
-from .apply import apply_tome, remove_tome
+from .apply import apply_tome, attention_modules, remove_tome
 from .attach import discard_pending
 from .config import ToMeConfig
+from .families import family_of
 from .hooks import CONTEXT_ATTR
 from .processor import ToMeProcessor
 
@@ -57,19 +58,13 @@ _MODEL_METHODS = (
 _PIPELINE_METHODS = ("unload_ip_adapter", "set_ip_adapter_scale", "set_use_memory_efficient_attention_xformers")
 
 
-def _attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    from diffusers.models.attention_processor import Attention  # noqa: PLC0415
-
-    return [m for m in model.modules() if isinstance(m, Attention) and hasattr(m, "processor")]
-
-
 class _Keeper:
     """Keeps every attention processor of one model wrapped in a `ToMeProcessor` with `config`."""
 
     def __init__(self, model: torch.nn.Module, config: ToMeConfig) -> None:
         self.model = model
         self.config = config
-        self.attentions = _attention_modules(model)
+        self.attentions = attention_modules(model)
         self.wrappers: list[ToMeProcessor | None] = [None] * len(self.attentions)
         self.depth = 0
         self.methods: list[str] = []
@@ -218,9 +213,10 @@ def enable_tome(
     `load_ip_adapter()` and their undoing, in any order. Enabling again replaces the options.
 
     Args:
-        pipe: a diffusers pipeline with a `unet`.
+        pipe: a diffusers pipeline with a `unet` (or a supported `transformer`: PixArt, SD3, Flux).
         ratio: share of the tokens merged away in the merged blocks (see `ToMeConfig`); by default
-            `config.ratio`, or 0.5 without a config.
+            `config.ratio`, or without a config the model family's default (0.5 for UNets, as
+            tomesd; see docs/transformers.md for transformers).
         config: a `ToMeConfig` to start from; `ratio` and `options` override its fields.
         controlnet: also merge inside `pipe.controlnet` (each net of a `MultiControlNetModel`).
         **options: any other `ToMeConfig` field, e.g. `max_downsample=2`, `use_rand=False`.
@@ -238,14 +234,20 @@ def enable_tome(
         raise TypeError(f"Expected controlnet to be a bool, but got {controlnet!r}.")
     if ratio is not None:
         options["ratio"] = ratio
-    config = ToMeConfig.from_kwargs(config, **options)
     models = _merged_models(pipe, controlnet)
+    # Without a config, each model's family defaults (tomesd's for UNets, docs/transformers.md for
+    # transformers); resolved and validated before anything is changed.
+    configs = [
+        ToMeConfig.from_kwargs(config if config is not None else family_of(model).default_config(), **options)
+        for model in models
+    ]
+    config = configs[0]
     disable_tome(pipe)
     try:
-        for model in models:
+        for model, model_config in zip(models, configs, strict=True):
             _forget_model(model)  # enabled earlier through another pipeline sharing it (`from_pipe`)
-            apply_tome(model, config)
-            _Keeper(model, config).install()
+            apply_tome(model, model_config)
+            _Keeper(model, model_config).install()
     except Exception:
         for model in models:
             _forget_model(model)
