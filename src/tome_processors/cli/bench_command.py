@@ -283,9 +283,12 @@ def run(args: argparse.Namespace) -> int:
     )
     extra_metrics = None
     if not (args.no_trained_quality or transformer):
-        from ..bench_quality import trained_quality_metrics  # noqa: PLC0415
+        if importlib.util.find_spec("skimage") is None:
+            print('note: the trained-denoiser columns need scikit-image: pip install "tome-processors[bench]".')
+        else:
+            from ..bench_quality import trained_quality_metrics  # noqa: PLC0415
 
-        extra_metrics = trained_quality_metrics()
+            extra_metrics = trained_quality_metrics()
     elif args.plot_error == "trained":
         print("note: --plot-error trained needs the trained-quality columns; plotting the random-weight error.")
     rows = run_benchmark(unet, methods, lambda: inputs.run(unet), settings, extra_metrics=extra_metrics)
