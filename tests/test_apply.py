@@ -10,6 +10,7 @@ from diffusers import AutoencoderKL
 from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 
 import tome_processors as tp
+from pipelines import tiny_vae
 from tome_processors import ToMeProcessor
 
 from models import run_unet, tiny_unet, unet_inputs
@@ -170,14 +171,7 @@ def test_sdxl_is_merged_by_default_and_warns_when_told_to_skip_its_levels():
 
 
 def test_vae_attention_passes_straight_through():
-    torch.manual_seed(0)
-    vae = AutoencoderKL(
-        block_out_channels=(16, 32),
-        down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2,
-        latent_channels=4,
-        norm_num_groups=8,
-    ).eval()
+    vae = tiny_vae()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         baseline = vae(x).sample

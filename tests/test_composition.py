@@ -28,12 +28,7 @@ from tome_processors import ToMeProcessor
 EMBED_DIM = 12  # the made-up image encoder's embedding size
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

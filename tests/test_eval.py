@@ -16,6 +16,7 @@ from PIL import Image
 
 from pipelines import save_tiny_clip, tiny_sd_pipeline
 from tome_processors.cli.eval_command import main as eval_main
+from tome_processors.cli.main import main
 from tome_processors.evaluation import (
     ClipScorer,
     EvalSettings,
@@ -69,8 +70,8 @@ def test_run_eval_measures_every_image_and_writes_reports(tmp_path, saved):
 
 def test_cli_on_saved_folders(tmp_path, saved):
     out = tmp_path / "cli"
-    code = eval_main(
-        ["--model", str(saved / "pipeline"), "--prompts", str(saved / "prompts.txt"), "--ratios", "0.5",
+    code = main(  # the `tome-processors eval` console entry
+        ["eval", "--model", str(saved / "pipeline"), "--prompts", str(saved / "prompts.txt"), "--ratios", "0.5",
          "--seeds", "3", "--steps", "2", "--height", "32", "--width", "32", "--clip-model", str(saved / "clip"),
          "--out", str(out), "--limit", "2"]
     )  # fmt: skip
@@ -82,6 +83,7 @@ def test_cli_on_saved_folders(tmp_path, saved):
 
 def test_cli_rejects_bad_ratio(tmp_path, saved, capsys):
     assert eval_main(["--model", str(saved / "pipeline"), "--ratios", "0.9", "--out", str(tmp_path)]) == 2
+    assert main(["eval", "--model", str(saved / "pipeline"), "--ratios", "0.9", "--out", str(tmp_path)]) == 2
     assert "Expected ratios" in capsys.readouterr().err
 
 

@@ -28,6 +28,8 @@ from tome_processors import ToMeConfig, ToMeMixin, ToMeProcessor
 
 from models import CROSS_DIM, tiny_unet
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SIZE = 32  # pixels; the tiny VAE downsamples by 2, so the UNet sees a 16x16 latent
 
 
@@ -157,15 +159,6 @@ def tome_leftovers(obj) -> list[str]:
 
 
 KINDS = ["sd", "img2img", "inpaint", "sdxl", "sdxl-img2img", "controlnet", "controlnet-img2img", "sdxl-controlnet"]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models on a shared 2-core machine: one thread avoids oversubscription stalls (10x here).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture
