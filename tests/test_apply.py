@@ -73,7 +73,7 @@ def test_set_attn_processor_alone_matches_apply_tome(unet):
     assert hooks_left(unet) == 0 and tome_attributes_left(unet) == []
 
 
-def test_set_attn_processor_first_call_by_keyword_warns_then_merges(unet):
+def test_set_attn_processor_first_call_by_keyword_merges_at_once(unet):
     inputs = unet_inputs(unet)
     baseline = run_unet(unet, *inputs)
     tp.apply_tome(unet)
@@ -81,10 +81,15 @@ def test_set_attn_processor_first_call_by_keyword_warns_then_merges(unet):
     tp.remove_tome(unet)
 
     unet.set_attn_processor(ToMeProcessor())
-    with pytest.warns(UserWarning, match="by keyword"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to warn about: the first forward merges
         first = run_unet(unet, *inputs, keyword=True)
-    assert torch.equal(first, baseline)
+    assert not torch.equal(first, baseline)
+    assert torch.equal(first, expected)
     assert torch.equal(run_unet(unet, *inputs, keyword=True), expected)
+    tp.remove_tome(unet)
+    assert all(not m._forward_pre_hooks for m in (unet, unet.conv_in, unet.time_proj))
+    assert torch.equal(run_unet(unet, *inputs, keyword=True), baseline)
 
 
 def test_keyword_and_positional_calls_agree(unet):

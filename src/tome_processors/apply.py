@@ -130,12 +130,15 @@ def remove_tome(model_or_pipeline: T) -> T:
     return model_or_pipeline
 
 
-def attach_processors(model: torch.nn.Module, processors: list[ToMeProcessor], args: tuple) -> None:
-    """Install the merge context for processors that were set directly (see `attach.py`)."""
+def attach_processors(model: torch.nn.Module, processors: list[ToMeProcessor], args: tuple) -> bool:
+    """Install the merge context for processors that were set directly (see `attach.py`).
+
+    Returns whether the forward that is starting will merge (False when its latent cannot be seen).
+    """
     discard_pending(processors)
     family = find_family(model)
     if CONTEXT_ATTR in model.__dict__ or family is None:
-        return
+        return True
     config = processors[0].config
     if family.merge_only and config.mode != "merge":
         warnings.warn(
@@ -147,6 +150,38 @@ def attach_processors(model: torch.nn.Module, processors: list[ToMeProcessor], a
     # This forward's own pre-hook list was fixed before the context existed: run it by hand.
     model_pre_hook = model._forward_pre_hooks[context.handles[0].id]
     model_pre_hook(model, args, {})
+    if context.model_state.latent_hw is None:  # `sample` came by keyword, which that hook cannot see
+        return _begin_from_submodules(model, context)
+    return True
+
+
+def _begin_from_submodules(model: torch.nn.Module, context: ToMeContext) -> bool:
+    """Start a UNet's merge context within a forward whose inputs came by keyword.
+
+    The UNet hands its timestep to `time_proj` and its latent to `conv_in` before any transformer
+    block runs, so one-shot pre-hooks there see what the model pre-hook would have seen. Returns
+    False for models without both (transformers), whose forward then runs unmerged.
+    """
+    time_proj, conv_in = getattr(model, "time_proj", None), getattr(model, "conv_in", None)
+    if not (isinstance(time_proj, torch.nn.Module) and isinstance(conv_in, torch.nn.Module)):
+        return False
+    state = context.model_state
+    seen: dict[str, Any] = {}
+
+    def on_timestep(module: torch.nn.Module, args: tuple) -> None:
+        seen["timestep"] = args[0] if args else None
+
+    def on_latent(module: torch.nn.Module, args: tuple) -> None:
+        for handle in handles:
+            handle.remove()
+        sample = args[0] if args else None
+        if isinstance(sample, torch.Tensor) and sample.ndim == 4:
+            hw = (int(sample.shape[-2]), int(sample.shape[-1]))
+            state.begin(hw, sample.device, seen.get("timestep"), state.config.needs_step_count)
+
+    handles = [time_proj.register_forward_pre_hook(on_timestep), conv_in.register_forward_pre_hook(on_latent)]
+    context.handles.extend(handles)  # removal takes them away even if this forward never reaches conv_in
+    return True
 
 
 def is_tome_applied(model_or_pipeline: Any) -> bool:

@@ -56,11 +56,9 @@ def _attach_pre_hook(module: torch.nn.Module, args: tuple) -> None:
     found = [m.processor for m in module.modules() if getattr(m, "processor", None) in _pending]
     if not found:
         return None
-    had_sample = bool(args) and isinstance(args[0], torch.Tensor)
-    attach_processors(module, found, args)
-    if not had_sample:
+    if not attach_processors(module, found, args):
         warnings.warn(
-            f"ToMe attached to {type(module).__name__} during a call that passed `sample` by keyword; this "
+            f"ToMe attached to {type(module).__name__} during a call that passed its inputs by keyword; this "
             "forward ran without merging. Call tome_processors.apply_tome(model) before the first forward "
             "to merge from the start.",
             stacklevel=2,
