@@ -444,7 +444,8 @@ def test_row_token_is_a_token_of_its_row_and_the_destination_of_merged_rows(h, w
     from tome_processors.merge import bipartite_soft_matching_2d, grid_partition  # noqa: PLC0415
 
     metric = torch.randn(3, h * w, 8, generator=torch.Generator().manual_seed(h * w + r))
-    merge = bipartite_soft_matching_2d(metric, h, w, 2, 2, r)
+    merge = bipartite_soft_matching_2d(metric, h, w, 2, 2, r, with_row_token=True)
+    assert bipartite_soft_matching_2d(metric, h, w, 2, 2, r).row_token is None or r == 0
     rows = merge.token_row.view(3, h * w)
     dst, _ = grid_partition(h, w, 2, 2)
     assert merge.row_token.shape == (3, merge.num_rows)

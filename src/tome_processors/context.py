@@ -53,6 +53,7 @@ class ModelState:
 
     config: ToMeConfig
     auto_downsample: int = 1
+    needs_row_token: bool = False
     latent_hw: tuple[int, int] | None = None
     step_key: torch.Tensor | None = None
     timestep: float | None = None
@@ -181,7 +182,9 @@ class BlockState:
         if config.use_rand and metric.shape[0] % 2 == 0 and hsy > 0 and wsx > 0:
             choice = window_choice(hsy, wsx, config.sx * config.sy, self._random_key(config, metric.device))
         similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
-        return bipartite_soft_matching_2d(metric, grid.h, grid.w, config.sx, config.sy, r, choice, similarity_dtype)
+        return bipartite_soft_matching_2d(
+            metric, grid.h, grid.w, config.sx, config.sy, r, choice, similarity_dtype, self.model.needs_row_token
+        )
 
     def _random_key(self, config: ToMeConfig, device: torch.device) -> torch.Tensor:
         base = (config.seed * 104_729 + self.index * 7_919) & _MASK31

@@ -91,9 +91,12 @@ class Family:
             values inside the processor from the same tokens as the queries, so K/V pooling cannot
             be passed in from outside).
         defaults: the family's default `ToMeConfig` fields.
+        needs_row_token: True where positional encodings must follow merged rows (Flux's rotary
+            embeddings), so every merge records `TokenMerge.row_token`.
     """
 
     name = "family"
+    needs_row_token = False
     input_name = "hidden_states"
     input_position = 0
     timestep_position = 2
@@ -237,6 +240,7 @@ class FluxFamily(Family):
     """
 
     name = "flux"
+    needs_row_token = True
     timestep_position = 3
     timestep_scale = 1000.0  # the Flux pipelines pass sigma (0..1) as the timestep
     merge_only = True

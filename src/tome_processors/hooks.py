@@ -94,7 +94,9 @@ def attention_levels(model: torch.nn.Module) -> list[int]:
 def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None = None) -> ToMeContext:
     """Install the merge context on `model`: a model pre-hook and hooks on every block of its family."""
     family = family or family_of(model)
-    context = ToMeContext(ModelState(config=config, auto_downsample=family.auto_downsample(model)))
+    context = ToMeContext(
+        ModelState(config=config, auto_downsample=family.auto_downsample(model), needs_row_token=family.needs_row_token)
+    )
     state = context.model_state
 
     def model_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:

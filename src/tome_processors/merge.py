@@ -151,6 +151,7 @@ def bipartite_soft_matching_2d(
     r: int,
     choice: torch.Tensor | None = None,
     similarity_dtype: torch.dtype | None = None,
+    with_row_token: bool = False,
 ) -> TokenMerge:
     """Merge `r` source tokens into their most similar destinations (ToMe for SD's matching).
 
@@ -168,6 +169,8 @@ def bipartite_soft_matching_2d(
         similarity_dtype: compute the similarity matrix in this dtype (e.g. bfloat16, 3x faster
             than float32 on CPUs with oneDNN) to choose each source's destination; the chosen pairs
             are then scored in the metric's dtype for the ranking. None: the metric's dtype.
+        with_row_token: also record `TokenMerge.row_token` (for positional encodings that follow
+            merged rows, as Flux's rotary embeddings); it costs a sort, so it is off by default.
 
     Returns:
         A `TokenMerge` to merge and unmerge any `(B, N, C)` tensor of the same tokens.
@@ -226,6 +229,8 @@ def bipartite_soft_matching_2d(
         row_size = torch.zeros(B * num_rows, 1, device=metric.device, dtype=metric.dtype)
         row_size.index_add_(0, token_row, torch.ones(B * N, 1, device=metric.device, dtype=metric.dtype))
 
+        if not with_row_token:  # only positional encodings that follow merged rows need it
+            return TokenMerge(token_row, row_size, B, N, num_rows)
         # The token each row is kept at, in row order: the unmerged sources, then the destinations.
         # A stable sort of the merged flags lists the unmerged sources first, in token order (and,
         # unlike a boolean mask, has a size known in advance).
