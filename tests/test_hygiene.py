@@ -27,7 +27,7 @@ def fresh_result(unet, shape, **options):
 def assert_no_tensors_held(unet):
     context = getattr(unet, CONTEXT_ATTR)
     for block in context.blocks:
-        assert block.metric is None and not block.merges and block.ff_merge is None
+        assert block.metric is None and block.merge is None and block.merged_config is None and block.ff_merge is None
 
 
 def test_alternating_sizes_and_batches_match_fresh_runs():

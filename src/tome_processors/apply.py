@@ -12,8 +12,8 @@ from diffusers.models.attention_processor import Attention
 
 from .attach import discard_pending
 from .config import ToMeConfig
-from .families import Family, family_of, find_family
-from .hooks import CONTEXT_ATTR, ToMeContext, attention_levels, install
+from .families import Family, attention_levels, family_of, find_family
+from .hooks import CONTEXT_ATTR, ToMeContext, install
 from .processor import ToMeProcessor
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,8 @@ def _warn_if_merges_nothing(model: torch.nn.Module, config: ToMeConfig) -> None:
         warnings.warn("ToMe with this configuration merges nothing (ratio 0 or every merge flag off).", stacklevel=3)
 
 
-def _unwrap_processors(model: torch.nn.Module) -> None:
+def unwrap_processors(model: torch.nn.Module) -> None:
+    """Put every wrapped attention module's inner processor back in place."""
     for attn in attention_modules(model):
         if isinstance(attn.processor, ToMeProcessor):
             attn.set_processor(attn.processor.inner)
@@ -126,7 +127,7 @@ def remove_tome(model_or_pipeline: T) -> T:
         context: ToMeContext | None = model.__dict__.get(CONTEXT_ATTR)
         if context is not None:
             context.remove(model)
-        _unwrap_processors(model)
+        unwrap_processors(model)
     return model_or_pipeline
 
 

@@ -68,10 +68,6 @@ class ModelState:
         self.step = 0
         self.kept.clear()
 
-    def begin_forward(self, sample: torch.Tensor, timestep: object, read_timestep: bool) -> None:
-        """Record the latent size and timestep of a forward that is starting."""
-        self.begin((int(sample.shape[-2]), int(sample.shape[-1])), sample.device, timestep, read_timestep)
-
     def begin(self, latent_hw: tuple[int, int], device: torch.device, timestep: object, read_timestep: bool) -> None:
         """Record the token grid (a UNet's latent, a transformer's patch grid) and timestep of a forward."""
         self.latent_hw = latent_hw
@@ -114,11 +110,6 @@ class BlockState:
         self.merged_config = None
         self.merge = None
         self.ff_merge = None
-
-    @property
-    def merges(self) -> dict[ToMeConfig, TokenMerge | None]:
-        """The merge computed in this forward, by configuration (empty before the first)."""
-        return {} if self.merged_config is None else {self.merged_config: self.merge}
 
     def grid(self, num_tokens: int) -> Grid | None:
         """The token grid of this block in the current forward, or None if it is not one."""

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from diffusers.models.attention import BasicTransformerBlock
+from diffusers.models.attention_processor import Attention
 
 from .config import ToMeConfig
 
@@ -71,6 +73,40 @@ class BlockSite:
     module: torch.nn.Module
     attentions: tuple[AttentionSite, ...]
     feed_forward: torch.nn.Module | None
+
+
+def is_mergeable_attention(attn: Any) -> bool:
+    # Residual/group-norm attention (the VAE's) works on 4-D maps with a residual added inside the
+    # processor: merging there would add the residual to merged tokens.
+    return (
+        isinstance(attn, Attention)
+        and not getattr(attn, "residual_connection", False)
+        and getattr(attn, "group_norm", None) is None
+        and getattr(attn, "spatial_norm", None) is None
+    )
+
+
+def spatial_transformer_blocks(model: torch.nn.Module) -> list[BasicTransformerBlock]:
+    """The `BasicTransformerBlock`s that attend over image tokens, in module order.
+
+    Only blocks inside a `Transformer2DModel` count: the same block class inside temporal
+    transformers (AnimateDiff motion modules) attends over frames, and merging would mix them.
+    """
+    from diffusers.models.transformers.transformer_2d import Transformer2DModel  # noqa: PLC0415
+
+    blocks: list[BasicTransformerBlock] = []
+    for module in model.modules():
+        if isinstance(module, Transformer2DModel):
+            blocks.extend(b for b in module.transformer_blocks if isinstance(b, BasicTransformerBlock))
+    return blocks
+
+
+def attention_levels(model: torch.nn.Module) -> list[int]:
+    """Downsample factors of the UNet levels whose down block has attention (e.g. [1, 2, 4] on SD1.5)."""
+    down_blocks = getattr(model, "down_blocks", None)
+    if down_blocks is None:
+        return []
+    return [2**i for i, block in enumerate(down_blocks) if len(getattr(block, "attentions", None) or []) > 0]
 
 
 def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
@@ -156,26 +192,20 @@ class UNetFamily(Family):
     defaults: dict[str, Any] = {}  # tomesd's defaults
 
     def matches(self, model: torch.nn.Module) -> bool:
-        from .hooks import spatial_transformer_blocks  # noqa: PLC0415 (hooks imports this module)
-
         return bool(spatial_transformer_blocks(model))
 
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
-        from .hooks import _is_mergeable_attention, spatial_transformer_blocks  # noqa: PLC0415
-
         sites = []
         for block in spatial_transformer_blocks(model):
             attentions = tuple(
                 AttentionSite(attn, is_cross)
                 for attn, is_cross in ((block.attn1, block.only_cross_attention), (block.attn2, True))
-                if attn is not None and _is_mergeable_attention(attn)
+                if attn is not None and is_mergeable_attention(attn)
             )
             sites.append(BlockSite(block, attentions, getattr(block, "ff", None)))
         return sites
 
     def auto_downsample(self, model: torch.nn.Module) -> int:
-        from .hooks import attention_levels  # noqa: PLC0415
-
         levels = attention_levels(model)
         return min(levels) if levels else 1
 

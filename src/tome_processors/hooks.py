@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from diffusers.models.attention import BasicTransformerBlock
-from diffusers.models.attention_processor import Attention
 
 from .config import ToMeConfig
 from .context import BlockState, ModelState
@@ -55,40 +53,6 @@ def _first(args: tuple, kwargs: dict, position: int, name: str) -> Any:
     if len(args) > position:
         return args[position]
     return kwargs.get(name)
-
-
-def _is_mergeable_attention(attn: Any) -> bool:
-    # Residual/group-norm attention (the VAE's) works on 4-D maps with a residual added inside the
-    # processor: merging there would add the residual to merged tokens.
-    return (
-        isinstance(attn, Attention)
-        and not getattr(attn, "residual_connection", False)
-        and getattr(attn, "group_norm", None) is None
-        and getattr(attn, "spatial_norm", None) is None
-    )
-
-
-def spatial_transformer_blocks(model: torch.nn.Module) -> list[BasicTransformerBlock]:
-    """The `BasicTransformerBlock`s that attend over image tokens, in module order.
-
-    Only blocks inside a `Transformer2DModel` count: the same block class inside temporal
-    transformers (AnimateDiff motion modules) attends over frames, and merging would mix them.
-    """
-    from diffusers.models.transformers.transformer_2d import Transformer2DModel  # noqa: PLC0415
-
-    blocks: list[BasicTransformerBlock] = []
-    for module in model.modules():
-        if isinstance(module, Transformer2DModel):
-            blocks.extend(b for b in module.transformer_blocks if isinstance(b, BasicTransformerBlock))
-    return blocks
-
-
-def attention_levels(model: torch.nn.Module) -> list[int]:
-    """Downsample factors of the UNet levels whose down block has attention (e.g. [1, 2, 4] on SD1.5)."""
-    down_blocks = getattr(model, "down_blocks", None)
-    if down_blocks is None:
-        return []
-    return [2**i for i, block in enumerate(down_blocks) if len(getattr(block, "attentions", None) or []) > 0]
 
 
 def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None = None) -> ToMeContext:

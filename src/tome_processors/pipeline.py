@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .apply import apply_tome, attention_modules, remove_tome
+from .apply import apply_tome, attention_modules, remove_tome, unwrap_processors
 from .attach import discard_pending
 from .config import ToMeConfig
 from .families import family_of
@@ -100,9 +100,7 @@ class _Keeper:
         return all(attn.processor is wrapper for attn, wrapper in zip(self.attentions, self.wrappers, strict=True))
 
     def unwrap(self) -> None:
-        for attn in self.attentions:
-            if isinstance(attn.processor, ToMeProcessor):
-                attn.set_processor(attn.processor.inner)
+        unwrap_processors(self.model)
 
     def rewrap(self) -> None:
         if not self.active:  # remove_tome() was called directly: nothing to keep

@@ -247,8 +247,10 @@ def run(args: argparse.Namespace) -> int:
     from ..bench_report import markdown_table, meta_lines, save_json, save_plot  # noqa: PLC0415
     from ..bench_transformers import QUICK_TEXT_TOKENS, make_transformer_inputs  # noqa: PLC0415
     from ..benchmark import BenchSettings, run_benchmark  # noqa: PLC0415
-    from ..families import find_family  # noqa: PLC0415
-    from ..hooks import attention_levels  # noqa: PLC0415
+    from ..families import (
+        attention_levels,  # noqa: PLC0415
+        find_family,  # noqa: PLC0415
+    )
 
     parser = getattr(args, "parser", None)
     args.argv = getattr(args, "argv", None)
