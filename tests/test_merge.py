@@ -59,3 +59,20 @@ def test_low_precision_similarity_scores_chosen_pairs_exactly():
     assert fast.num_rows == exact.num_rows
     # On well-separated random vectors the choice is the same.
     assert (fast.token_row == exact.token_row).float().mean() > 0.95
+
+
+def test_best_match_agrees_with_plain_matmul_across_chunks():
+    # More source rows than one chunk, a channels-first view as the block input is, and both dtypes
+    # the CPU GEMM path takes: the same best destination and score as `matmul` then `max`.
+    from tome_processors.merge import _CHUNK_ROWS, _best_match  # noqa: PLC0415
+
+    g = torch.Generator().manual_seed(1)
+    src = torch.randn(2, 40, _CHUNK_ROWS + 77, generator=g).transpose(1, 2)
+    dst = torch.randn(2, 33, 40, generator=g)
+    score, index = _best_match(src, dst)
+    plain = (src @ dst.transpose(-1, -2)).max(dim=-1)
+    assert torch.equal(index, plain.indices)
+    torch.testing.assert_close(score, plain.values, rtol=1e-5, atol=1e-5)
+    low_score, low_index = _best_match(src.bfloat16(), dst.bfloat16())
+    assert low_index.shape == index.shape and low_score.dtype == torch.bfloat16
+    assert (low_index == index).float().mean() > 0.9

@@ -70,6 +70,12 @@ MODES: dict[str, ModeSpec] = {
         False,
         "ToDo: pool K/V 2x2 (top-left token)",
     ),
+    "kv-avg-md2": ModeSpec(
+        "ours kv-avg md2",
+        {"mode": "downsample_kv", "kv_pool": "avg", "kv_factor": 2, "max_downsample": 2},
+        False,
+        "ToDo: pool K/V 2x2 (mean) at the first two attention levels",
+    ),
     "kv4-avg": ModeSpec(
         "ours kv4-avg", {"mode": "downsample_kv", "kv_pool": "avg", "kv_factor": 4}, False, "ToDo: pool K/V 4x4 (mean)"
     ),
@@ -82,7 +88,7 @@ MODES: dict[str, ModeSpec] = {
         "both of the above",
     ),
 }
-DEFAULT_MODES = ("kv-avg", "kv-nearest", "kv4-avg", "bf16")
+DEFAULT_MODES = ("kv-avg", "kv-avg-md2", "kv-nearest", "kv4-avg", "bf16")
 
 
 def _nothing(unet: torch.nn.Module) -> None:
@@ -98,25 +104,29 @@ def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Sequen
     merges_per_block = int(config.merge_attn) + int(config.merge_crossattn) + int(config.merge_mlp)
     similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
 
+    max_downsample = auto_downsample if config.max_downsample == "auto" else int(config.max_downsample)
+
     def build(blocks: Sequence[BlockInput]) -> Callable[[], Any]:
         targets = []
         for index, block in enumerate(blocks):
             if block.h == 0:
                 continue
-            level_ratio = config.level_ratio(block.downsample, auto_downsample)
+            level_ratio = config.level_ratio(block.downsample, max_downsample)
             r = int(block.tokens.shape[1] * config.ratio_at(level_ratio, BENCH_TIMESTEP))
             if level_ratio > 0 and (r > 0 or config.mode == "downsample_kv"):
-                targets.append((index, block, r))
+                # The processor merges the normalised hidden states, a contiguous tensor; the recorded
+                # block input may be a channels-first view, whose merge would add a copy.
+                targets.append((index, block, r, block.tokens.contiguous()))
 
         def run() -> None:
             with torch.inference_mode():
                 if config.mode == "downsample_kv":
-                    for _, block, _ in targets:
-                        pool_tokens(block.tokens, block.h, block.w, config.kv_factor, config.kv_pool)
+                    for _, block, _, hidden in targets:
+                        pool_tokens(hidden, block.h, block.w, config.kv_factor, config.kv_pool)
                     return
                 shared: dict[int, Any] = {}
                 step_key = step_key_from_timestep(BENCH_TIMESTEP, blocks[0].tokens.device)
-                for index, block, r in targets:
+                for index, block, r, hidden in targets:
                     merge = shared.get(block.downsample) if config.share_level else None
                     if merge is None:
                         tokens = block.tokens
@@ -131,7 +141,7 @@ def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Sequen
                         )
                         shared[block.downsample] = merge
                     for _ in range(merges_per_block):
-                        merge.unmerge(merge.merge(block.tokens))
+                        merge.unmerge(merge.merge(hidden))
 
         return run
 
@@ -187,19 +197,23 @@ def _tomesd_overhead(ratio: float, max_downsample: int) -> Callable[[Sequence[Bl
     from tomesd.merge import bipartite_soft_matching_random2d  # noqa: PLC0415
 
     def build(blocks: Sequence[BlockInput]) -> Callable[[], Any]:
-        targets = [(b, int(b.tokens.shape[1] * ratio)) for b in blocks if b.h and b.downsample <= max_downsample]
+        targets = [
+            (b, int(b.tokens.shape[1] * ratio), b.tokens.contiguous())
+            for b in blocks
+            if b.h and b.downsample <= max_downsample
+        ]
         device = blocks[0].tokens.device if blocks else torch.device("cpu")
         generator = torch.Generator(device=device).manual_seed(0)
 
         def run() -> None:
             with torch.inference_mode():
-                for block, r in targets:
+                for block, r, hidden in targets:
                     tokens = block.tokens
                     no_rand = tokens.shape[0] % 2 == 1
                     merge, unmerge = bipartite_soft_matching_random2d(
                         tokens, block.w, block.h, 2, 2, r, no_rand=no_rand, generator=generator
                     )
-                    unmerge(merge(tokens))
+                    unmerge(merge(hidden))
 
         return run
 

@@ -195,15 +195,15 @@ def bipartite_soft_matching_2d(
         # Cosine similarity: normalise the destinations, and divide each source's best score by its
         # norm afterwards (cheaper than normalising every source row). The clamp keeps zero vectors finite.
         eps = torch.finfo(metric.dtype).tiny
-        dst = metric.index_select(1, dst_idx)
+        # Advanced indexing, not `index_select(1, ...)`: the same copy, several times faster on CPU.
+        dst = metric[:, dst_idx]
         dst = dst / dst.norm(dim=-1, keepdim=True).clamp_min(eps)
-        src = metric.index_select(1, src_idx)
+        src = metric[:, src_idx]
         if similarity_dtype is None or similarity_dtype == metric.dtype:
-            best_score, best_dst = (src @ dst.transpose(-1, -2)).max(dim=-1)  # (B, num_src)
+            best_score, best_dst = _best_match(src, dst)  # (B, num_src)
         else:
             # Choose in the cheaper dtype, then score the chosen pairs exactly for the ranking.
-            low = src.to(similarity_dtype) @ dst.to(similarity_dtype).transpose(-1, -2)
-            best_dst = low.max(dim=-1).indices  # max is faster than argmax on bfloat16
+            best_dst = _best_match(src.to(similarity_dtype), dst.to(similarity_dtype))[1]
             flat = (best_dst + torch.arange(B, device=metric.device).view(B, 1) * num_dst).view(-1)
             chosen = dst.reshape(B * num_dst, -1).index_select(0, flat).view(B, num_src, -1)
             best_score = (src * chosen).sum(dim=-1)
@@ -238,6 +238,50 @@ def bipartite_soft_matching_2d(
         kept_src = src_idx.index_select(0, unmerged_first.reshape(-1)).view(B, num_unmerged)
         row_token = torch.cat([kept_src, dst_idx.expand(B, num_dst)], dim=1)
     return TokenMerge(token_row, row_size, B, N, num_rows, row_token)
+
+
+def _onednn_linear_works() -> bool:
+    # oneDNN's float32 GEMM (`torch.ops.mkldnn._linear_pointwise`, a private op) is about twice as fast
+    # as the default BLAS call for this shape on some CPUs (AMD EPYC with MKL), with float32 accuracy.
+    # It is private, so check once that it exists and agrees with `matmul` before relying on it.
+    global _ONEDNN_LINEAR
+    if _ONEDNN_LINEAR is None:
+        _ONEDNN_LINEAR = False
+        if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+            try:
+                a = torch.linspace(-1, 1, 96).view(8, 12)
+                b = torch.linspace(1, -0.5, 60).view(5, 12)
+                out = torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+                _ONEDNN_LINEAR = bool(torch.allclose(out, a @ b.T, rtol=1e-5, atol=1e-6))
+            except (RuntimeError, NotImplementedError):
+                pass
+    return _ONEDNN_LINEAR
+
+
+_ONEDNN_LINEAR: bool | None = None
+
+
+def _best_match(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every source row, the highest `src @ dst.T` score and its destination: `(B, S)` twice."""
+    if (
+        src.device.type != "cpu"
+        or src.dtype not in (torch.float32, torch.bfloat16)
+        or torch.compiler.is_compiling()
+        or not _onednn_linear_works()
+    ):
+        return (src @ dst.transpose(-1, -2)).max(dim=-1)
+    # Per sample, in chunks of source rows small enough that each chunk's scores are still in cache
+    # when `max` reads them (measured: about 15% faster than one GEMM then one `max`).
+    values, indices = [], []
+    for sample_src, sample_dst in zip(src, dst.contiguous(), strict=True):
+        for chunk in sample_src.split(_CHUNK_ROWS):
+            best = torch.ops.mkldnn._linear_pointwise(chunk.contiguous(), sample_dst, None, "none", [], "").max(-1)
+            values.append(best.values)
+            indices.append(best.indices)
+    return torch.cat(values).view(src.shape[:2]), torch.cat(indices).view(src.shape[:2])
+
+
+_CHUNK_ROWS = 512
 
 
 def level_downsample(latent_tokens: int, num_tokens: int) -> int:
