@@ -42,7 +42,9 @@ def test_quick_json_has_every_row_with_finite_numbers(quick_run):
     assert names == expected
     for row in data["rows"]:
         assert all(math.isfinite(row[key]) for key in NUMBERS), row
-        assert row["seconds"] > 0 and row["speedup"] > 0 and len(row["times"]) == 1
+        assert row["seconds"] > 0 and row["speedup"] > 0
+        # one round: one run per method; the baseline before, between groups of three, and after
+        assert len(row["times"]) == (1 + math.ceil((len(names) - 1) / 3) if row["name"] == "baseline" else 1)
         if row["family"] != "baseline":
             assert math.isfinite(row["overhead_share"]) and row["overhead_share"] > 0
     assert data["meta"]["batch"] == 2 and data["meta"]["tomesd"] and "bench --quick" in data["meta"]["command"]
@@ -141,8 +143,31 @@ def test_engine_extra_metrics_column():
     ]
     settings = BenchSettings(rounds=2, measure_memory=False, progress=False)
     rows = run_benchmark(unet, methods, lambda: inputs.run(unet), settings, extra_metrics=lambda m: {"quality": 1.5})
-    assert all(row.extra == {"quality": 1.5} and len(row.times) == 2 for row in rows)
+    assert all(row.extra == {"quality": 1.5} for row in rows)
+    # one timed run per round; the baseline before and after the one group of three: 2 x 2
+    assert [len(row.times) for row in rows] == [4, 2, 2, 2]
     table = markdown_table(rows)
     assert table.splitlines()[0].endswith("| quality |") and "| 1.5 |" in table
     # every method was taken off again: the baseline output is back
     assert not any("ToMe" in type(p).__name__ for p in unet.attn_processors.values())
+
+
+def test_two_level_mode_reaches_the_second_attention_level():
+    # From the model's first attention level: SD1.5 (1) pools levels 1-2, SDXL (2) levels 2-4.
+    (sd15,) = mode_methods(["kv-avg-2lv"], [0.5], auto_downsample=1)
+    (sdxl,) = mode_methods(["kv-avg-2lv"], [0.5], auto_downsample=2)
+    assert (sd15.settings["max_downsample"], sdxl.settings["max_downsample"]) == (2, 4)
+    assert sd15.settings["mode"] == "downsample_kv" and sd15.name == "ours kv-avg 2 levels"
+
+
+def test_rounds_bracket_every_method_with_baseline_runs():
+    from tome_processors.benchmark import _schedule  # noqa: PLC0415
+
+    for round_index in range(4):
+        order = _schedule(8, round_index, 3, timed=True)
+        assert order[0] == 0 and order[-1] == 0 and sorted(i for i in order if i) == list(range(1, 8))
+        gaps = [len(group) for group in "".join("|" if i == 0 else "x" for i in order).strip("|").split("|")]
+        assert max(gaps) <= 3
+    assert _schedule(8, 1, 3, timed=True)[1] == 2  # rotated by one place per round
+    with pytest.raises(ValueError, match="baseline_every"):
+        BenchSettings(baseline_every=0)

@@ -50,12 +50,17 @@ BENCH_TIMESTEP = 500
 
 @dataclasses.dataclass(frozen=True)
 class ModeSpec:
-    """A named mode beyond tomesd: a family label, `ToMeConfig` options, and whether it sweeps the ratios."""
+    """A named mode beyond tomesd: a family label, `ToMeConfig` options, and whether it sweeps the ratios.
+
+    `levels` > 1 also acts on that many attention levels from the top (`max_downsample` set from the
+    model's first attention level: 2 on SD1.5, 4 on SDXL).
+    """
 
     family: str
     options: dict[str, Any]
     per_ratio: bool
     help: str
+    levels: int = 1
 
 
 #: `--modes` choices. Modes that act across denoising steps (`recompute_every`, `ratio_start`) are left
@@ -70,11 +75,12 @@ MODES: dict[str, ModeSpec] = {
         False,
         "ToDo: pool K/V 2x2 (top-left token)",
     ),
-    "kv-avg-md2": ModeSpec(
-        "ours kv-avg md2",
-        {"mode": "downsample_kv", "kv_pool": "avg", "kv_factor": 2, "max_downsample": 2},
+    "kv-avg-2lv": ModeSpec(
+        "ours kv-avg 2 levels",
+        {"mode": "downsample_kv", "kv_pool": "avg", "kv_factor": 2},
         False,
         "ToDo: pool K/V 2x2 (mean) at the first two attention levels",
+        levels=2,
     ),
     "kv4-avg": ModeSpec(
         "ours kv4-avg", {"mode": "downsample_kv", "kv_pool": "avg", "kv_factor": 4}, False, "ToDo: pool K/V 4x4 (mean)"
@@ -88,7 +94,7 @@ MODES: dict[str, ModeSpec] = {
         "both of the above",
     ),
 }
-DEFAULT_MODES = ("kv-avg", "kv-avg-md2", "kv-nearest", "kv4-avg", "bf16")
+DEFAULT_MODES = ("kv-avg", "kv-avg-2lv", "kv-nearest", "kv4-avg", "bf16")
 
 
 def _nothing(unet: torch.nn.Module) -> None:
@@ -182,8 +188,11 @@ def mode_methods(modes: Sequence[str], ratios: Sequence[float], auto_downsample:
         if mode not in MODES:
             raise ValueError(f"Expected modes among {sorted(MODES)}, but got {mode!r}.")
         spec = MODES[mode]
+        options = dict(spec.options)
+        if spec.levels > 1:
+            options["max_downsample"] = auto_downsample * 2 ** (spec.levels - 1)
         for ratio in ratios if spec.per_ratio else [0.5]:
-            config = ToMeConfig(ratio=float(ratio), **spec.options)
+            config = ToMeConfig(ratio=float(ratio), **options)
             methods.append(ours_method(config, spec.family, auto_downsample))
     return methods
 

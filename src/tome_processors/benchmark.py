@@ -9,13 +9,16 @@ inputs, in one process:
 2. Warm-up: every method runs `warmup` times. Each method's first output gives its fidelity, the
    relative L2 error `||out - out_ref|| / ||out_ref||`.
 3. Rounds: each round runs every method once, in an order rotated by one place per round, so no
-   method always runs first or right after the same neighbour. Right after its forward, a method's
-   merge work alone (`Method.overhead`) is timed on the recorded block inputs.
+   method always runs first or right after the same neighbour, and the baseline again before every
+   `baseline_every` methods and at the end, so that each method sits between two baseline runs.
+   Right after its forward, a method's merge work alone (`Method.overhead`) is timed on the
+   recorded block inputs.
 4. Memory: one more forward per method, untimed: the CUDA allocator's peak, or on CPU the peak
    resident set sampled by a background thread (kept out of the timed rounds).
 
-Speed-up is paired round by round: the median over rounds of `baseline time / method time` in the
-same round, so drifts in machine load that last longer than a round cancel out.
+Speed-up is paired: the median over rounds of `baseline time / method time`, the baseline time being
+the mean of the two baseline runs around the method, a few forwards apart. So drifts in machine
+load (on a shared VM they come and go within a minute) mostly cancel out.
 
 Example:
     >>> rows = run_benchmark(unet, methods, lambda: inputs.run(unet), BenchSettings(rounds=3))  # doctest: +SKIP
@@ -93,13 +96,15 @@ class Row:
     Attributes:
         name, family, ratio: from the `Method`.
         seconds: median time of one UNet forward over the rounds.
-        speedup: median over rounds of the baseline's time divided by this method's, same round.
+        speedup: median over rounds of the baseline's time (the mean of the two baseline runs
+            around this method) divided by this method's.
         rel_error: `||out - out_ref|| / ||out_ref||` of the UNet output on the same inputs.
         peak_memory_mib: CUDA allocator peak, or peak resident set on CPU, during one forward.
         memory_before_mib: the same quantity just before that forward (weights, inputs, caches).
         overhead_seconds: median time of the method's own merge work per forward (None if it has none).
         overhead_share: median over rounds of overhead time / baseline forward time (same round).
-        times: the forward time of every round, in seconds.
+        times: the forward time of every timed run, in seconds (one per round; the baseline runs
+            several times per round).
         overhead_times: the overhead time of every round, in seconds.
         extra: further metrics from `extra_metrics(method)` (empty unless given).
         settings: from the `Method`.
@@ -131,6 +136,8 @@ class BenchSettings:
         measure_memory: run the extra untimed forward per method that measures peak memory.
         memory_interval: seconds between resident-set samples on CPU.
         progress: show a tqdm progress bar.
+        baseline_every: in each timed round, run the baseline again after every this many methods
+            (and at the end); each method is paired with the mean of the two baseline runs around it.
     """
 
     rounds: int = 5
@@ -138,8 +145,11 @@ class BenchSettings:
     measure_memory: bool = True
     memory_interval: float = 0.001
     progress: bool = True
+    baseline_every: int = 3
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.baseline_every, int) and self.baseline_every >= 1):
+            raise ValueError(f"Expected baseline_every to be an integer >= 1, but got {self.baseline_every!r}.")
         if not (isinstance(self.rounds, int) and self.rounds >= 1):
             raise ValueError(f"Expected rounds to be an integer >= 1, but got {self.rounds!r}.")
         if not (isinstance(self.warmup, int) and self.warmup >= 1):
@@ -269,9 +279,28 @@ def _peak_memory(forward: Callable[[], Any], device: torch.device, interval: flo
     return sampler.peak / mib, sampler.before / mib
 
 
-def _rotated(items: Sequence[int], shift: int) -> list[int]:
-    shift %= len(items)
-    return list(items[shift:]) + list(items[:shift])
+def _schedule(n: int, round_index: int, baseline_every: int, timed: bool) -> list[int]:
+    """The order of method indices in one round (0 is the baseline).
+
+    Warm-up: every method once, rotated. Timed: the other methods rotated by one place per round,
+    in groups of `baseline_every`, with the baseline before each group and after the last.
+
+    Example:
+        >>> _schedule(6, 1, 2, timed=True)
+        [0, 2, 3, 0, 4, 5, 0, 1, 0]
+    """
+    if not timed:
+        shift = round_index % n
+        return list(range(shift, n)) + list(range(shift))
+    others = list(range(1, n))
+    if not others:
+        return [0]
+    shift = round_index % len(others)
+    others = others[shift:] + others[:shift]
+    order = [0]
+    for start in range(0, len(others), baseline_every):
+        order += [*others[start : start + baseline_every], 0]
+    return order
 
 
 def _median(values: Sequence[float]) -> float | None:
@@ -319,28 +348,53 @@ def run_benchmark(
 
     errors: list[float | None] = [None] * n
     times: list[list[float]] = [[] for _ in range(n)]
+    paired_base: list[list[float]] = [[] for _ in range(n)]
     overhead_times: list[list[float]] = [[] for _ in range(n)]
-    total = settings.warmup + settings.rounds
-    bar = _progress(total * n, settings.progress)
+    schedules = [
+        _schedule(n, r, settings.baseline_every, r >= settings.warmup) for r in range(settings.warmup + settings.rounds)
+    ]
+    bar = _progress(sum(len(order) for order in schedules), settings.progress)
+
+    def run(i: int, timed: bool) -> float:
+        method = methods[i]
+        method.apply(unet)
+        try:
+            out, seconds = _timed(forward, device)
+        finally:
+            method.remove(unet)
+        if errors[i] is None:
+            errors[i] = relative_error(out, reference)
+        del out
+        if timed and overhead_calls[i] is not None:
+            overhead_times[i].append(_timed(overhead_calls[i], device)[1])
+        bar.update(1)
+        return seconds
+
     try:
-        for round_index in range(total):
+        for round_index, order in enumerate(schedules):
             timed = round_index >= settings.warmup
             bar.set_description("warm-up" if not timed else f"round {round_index - settings.warmup + 1}")
-            for i in _rotated(range(n), round_index):
-                method = methods[i]
-                method.apply(unet)
-                try:
-                    out, seconds = _timed(forward, device)
-                finally:
-                    method.remove(unet)
-                if errors[i] is None:
-                    errors[i] = relative_error(out, reference)
-                del out
-                if timed:
+            if not timed:
+                for i in order:
+                    run(i, timed=False)
+                continue
+            # Timed: baseline, a few methods, baseline, ...; each method is paired with the mean of
+            # the baseline runs just before and just after its group.
+            groups: list[list[tuple[int, float]]] = [[]]
+            bases: list[float] = []
+            for i in order:
+                seconds = run(i, timed=True)
+                if i == 0:
+                    bases.append(seconds)
+                    groups.append([])
+                else:
+                    groups[-1].append((i, seconds))
+            times[0].extend(bases)
+            paired_base[0].extend(bases)
+            for before, after, group in zip(bases, bases[1:], groups[1:], strict=False):
+                for i, seconds in group:
                     times[i].append(seconds)
-                    if overhead_calls[i] is not None:
-                        overhead_times[i].append(_timed(overhead_calls[i], device)[1])
-                bar.update(1)
+                    paired_base[i].append((before + after) / 2)
     finally:
         bar.close()
 
@@ -353,11 +407,10 @@ def run_benchmark(
             finally:
                 method.remove(unet)
 
-    base_times = times[0]
     rows = []
     for i, method in enumerate(methods):
-        speedups = [b / t for b, t in zip(base_times, times[i], strict=True)]
-        shares = [o / b for o, b in zip(overhead_times[i], base_times, strict=False)]
+        speedups = [b / t for b, t in zip(paired_base[i], times[i], strict=True)]
+        shares = [o / b for o, b in zip(overhead_times[i], paired_base[i], strict=False)]
         rows.append(
             Row(
                 name=method.name,
