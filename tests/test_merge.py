@@ -76,3 +76,14 @@ def test_best_match_agrees_with_plain_matmul_across_chunks():
     low_score, low_index = _best_match(src.bfloat16(), dst.bfloat16())
     assert low_index.shape == index.shape and low_score.dtype == torch.bfloat16
     assert (low_index == index).float().mean() > 0.9
+
+
+def test_cpu_gemm_path_and_plain_matmul_choose_the_same_merge(monkeypatch):
+    from tome_processors import merge as merge_module  # noqa: PLC0415
+
+    g = torch.Generator().manual_seed(2)
+    metric = torch.randn(2, 40, 32 * 32, generator=g).transpose(1, 2)  # channels-first, as in a UNet
+    fast = bipartite_soft_matching_2d(metric, 32, 32, 2, 2, 400)
+    monkeypatch.setattr(merge_module, "_onednn_linear_works", lambda: False)
+    plain = bipartite_soft_matching_2d(metric, 32, 32, 2, 2, 400)
+    assert torch.equal(fast.token_row, plain.token_row)

@@ -85,6 +85,13 @@ MODES: dict[str, ModeSpec] = {
     "kv4-avg": ModeSpec(
         "ours kv4-avg", {"mode": "downsample_kv", "kv_pool": "avg", "kv_factor": 4}, False, "ToDo: pool K/V 4x4 (mean)"
     ),
+    "kv4-avg-2lv": ModeSpec(
+        "ours kv4-avg 2 levels",
+        {"mode": "downsample_kv", "kv_pool": "avg", "kv_factor": 4},
+        False,
+        "ToDo: pool K/V 4x4 (mean) at the first two attention levels",
+        levels=2,
+    ),
     "bf16": ModeSpec("ours bf16-sim", {"similarity_dtype": "bfloat16"}, True, "merge, similarity matrix in bfloat16"),
     "share": ModeSpec("ours share-level", {"share_level": True}, True, "merge, one matching per level and forward"),
     "bf16-share": ModeSpec(

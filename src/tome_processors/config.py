@@ -70,9 +70,10 @@ class ToMeConfig:
         ratio_start: the ratio at the noisiest timestep; it moves linearly to `ratio` (or the
             level's ratio) at timestep 0. `None` keeps the ratio constant.
         num_train_timesteps: the timestep scale of `ratio_start` (1000 for Stable Diffusion).
-        similarity_dtype: compute the similarity matrix in this dtype (`"bfloat16"` is about 3x
-            faster than float32 on CPUs with oneDNN); the chosen pairs are then scored in the
-            metric's dtype for the ranking. `None` uses the metric's dtype, as tomesd does.
+        similarity_dtype: compute the similarity matrix in this dtype (`"bfloat16"` is faster than
+            float32 on CPUs with native bfloat16, AVX512-BF16 or AMX); the chosen pairs are then
+            scored in the metric's dtype for the ranking. `None` uses the metric's dtype, as tomesd
+            does.
 
     Example:
         >>> from tome_processors import ToMeConfig
