@@ -84,6 +84,20 @@ def test_cpu_gemm_path_and_plain_matmul_choose_the_same_merge(monkeypatch):
     g = torch.Generator().manual_seed(2)
     metric = torch.randn(2, 40, 32 * 32, generator=g).transpose(1, 2)  # channels-first, as in a UNet
     fast = bipartite_soft_matching_2d(metric, 32, 32, 2, 2, 400)
-    monkeypatch.setattr(merge_module, "_onednn_linear_works", lambda: False)
+    monkeypatch.setattr(merge_module, "_onednn_linear_works", lambda dtype: False)
     plain = bipartite_soft_matching_2d(metric, 32, 32, 2, 2, 400)
     assert torch.equal(fast.token_row, plain.token_row)
+
+
+def test_every_similarity_dtype_runs_on_cpu_and_mostly_agrees():
+    # float16 is not among oneDNN's CPU GEMM dtypes here: it must fall back to `matmul`, not fail.
+    g = torch.Generator().manual_seed(3)
+    metric = torch.randn(2, 44 * 25, 16, generator=g)
+    exact = bipartite_soft_matching_2d(metric, 44, 25, 2, 2, 300)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        fast = bipartite_soft_matching_2d(metric, 44, 25, 2, 2, 300, similarity_dtype=dtype)
+        assert (fast.token_row == exact.token_row).float().mean() > 0.8
+        # A bfloat16 metric (a bfloat16 model on CPU) takes every similarity dtype too.
+        low = bipartite_soft_matching_2d(metric.bfloat16(), 44, 25, 2, 2, 300, similarity_dtype=dtype)
+        assert low.num_rows == exact.num_rows
+        assert low.merge(metric.bfloat16()).shape == (2, exact.num_rows, 16)

@@ -235,19 +235,23 @@ def bipartite_soft_matching_2d(
 
 
 @cache
-def _onednn_linear_works() -> bool:
-    # oneDNN's float32 GEMM (`torch.ops.mkldnn._linear_pointwise`, a private op) is about twice as fast
-    # as the default BLAS call for this shape on some CPUs (AMD EPYC with MKL), with float32 accuracy.
-    # It is private, so check once that it exists and agrees with `matmul` before relying on it.
+def _onednn_linear_works(dtype: torch.dtype) -> bool:
+    # oneDNN's GEMM (`torch.ops.mkldnn._linear_pointwise`, a private op) ran these shapes about twice as
+    # fast as the default float32 BLAS call on some CPUs (AMD EPYC with MKL), with float32 accuracy. It
+    # is private and its dtypes depend on the CPU, so check once per dtype that it runs and agrees
+    # with `matmul` before relying on it.
+    if dtype not in (torch.float32, torch.bfloat16):
+        return False
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
-    a = torch.linspace(-1, 1, 96).view(8, 12)
-    b = torch.linspace(1, -0.5, 60).view(5, 12)
+    a = torch.linspace(-1, 1, 96).view(8, 12).to(dtype)
+    b = torch.linspace(1, -0.5, 60).view(5, 12).to(dtype)
     try:
         out = torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
     except (RuntimeError, NotImplementedError):
         return False
-    return bool(torch.allclose(out, a @ b.T, rtol=1e-5, atol=1e-6))
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    return bool(torch.allclose(out.float(), (a @ b.T).float(), rtol=tolerance, atol=tolerance))
 
 
 def _best_match(
@@ -258,12 +262,7 @@ def _best_match(
     With `choose_dtype`, the destination is chosen on scores computed in that (cheaper) dtype, and
     the chosen pair is then scored in the inputs' dtype, so the ranking of sources stays exact.
     """
-    if (
-        src.device.type != "cpu"
-        or src.dtype not in (torch.float32, torch.bfloat16)
-        or torch.compiler.is_compiling()
-        or not _onednn_linear_works()
-    ):
+    if src.device.type != "cpu" or torch.compiler.is_compiling() or not _onednn_linear_works(choose_dtype or src.dtype):
         if choose_dtype is None:
             return (src @ dst.transpose(-1, -2)).max(dim=-1)
         best_dst = (src.to(choose_dtype) @ dst.to(choose_dtype).transpose(-1, -2)).max(dim=-1).indices
