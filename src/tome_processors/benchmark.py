@@ -102,7 +102,7 @@ class Row:
         peak_memory_mib: CUDA allocator peak, or peak resident set on CPU, during one forward.
         memory_before_mib: the same quantity just before that forward (weights, inputs, caches).
         overhead_seconds: median time of the method's own merge work per forward (None if it has none).
-        overhead_share: median over rounds of overhead time / baseline forward time (same round).
+        overhead_share: median over rounds of overhead time / the paired baseline forward time.
         times: the forward time of every timed run, in seconds (one per round; the baseline runs
             several times per round).
         overhead_times: the overhead time of every round, in seconds.
