@@ -169,5 +169,36 @@ def test_rounds_bracket_every_method_with_baseline_runs():
         gaps = [len(group) for group in "".join("|" if i == 0 else "x" for i in order).strip("|").split("|")]
         assert max(gaps) <= 3
     assert _schedule(8, 1, 3, timed=True)[1] == 2  # rotated by one place per round
+    assert _schedule(7, 0, 3, timed=True) == [0, 1, 2, 3, 0, 4, 5, 6, 0]  # a multiple of the group size
+    assert _schedule(1, 2, 3, timed=True) == [0]  # the baseline alone
     with pytest.raises(ValueError, match="baseline_every"):
         BenchSettings(baseline_every=0)
+
+
+def test_each_method_is_paired_with_the_baseline_runs_around_it(monkeypatch):
+    # A fake clock that drifts by 10% per forward; every method runs in half the baseline's time at
+    # that moment. With one method per group, the mean of the two baseline runs around a method is
+    # the baseline's time at the method's own moment, so every paired speed-up is exactly 2.
+    from tome_processors import benchmark  # noqa: PLC0415
+    from tome_processors.benchmark import Method  # noqa: PLC0415
+
+    clock = {"calls": 0, "factor": 1.0}
+
+    def fake_timed(call, device):
+        out = call()
+        clock["calls"] += 1
+        return out, (1 + 0.1 * clock["calls"]) * clock["factor"]
+
+    def halved(unet):
+        clock["factor"] = 0.5
+
+    def restored(unet):
+        clock["factor"] = 1.0
+
+    monkeypatch.setattr(benchmark, "_timed", fake_timed)
+    unet = torch.nn.Linear(2, 2)
+    methods = [baseline_method()] + [Method(f"half {i}", "half", None, halved, restored) for i in range(3)]
+    settings = BenchSettings(rounds=3, measure_memory=False, progress=False, baseline_every=1)
+    rows = run_benchmark(unet, methods, lambda: unet(torch.ones(1, 2)), settings)
+    assert [row.speedup for row in rows] == pytest.approx([1.0, 2.0, 2.0, 2.0])
+    assert [len(row.times) for row in rows] == [12, 3, 3, 3]  # 4 baseline runs per round

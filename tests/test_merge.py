@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tome_processors.merge import bipartite_soft_matching_2d, grid_partition, level_downsample, window_choice
@@ -64,18 +65,27 @@ def test_low_precision_similarity_scores_chosen_pairs_exactly():
 def test_best_match_agrees_with_plain_matmul_across_chunks():
     # More source rows than one chunk, a channels-first view as the block input is, and both dtypes
     # the CPU GEMM path takes: the same best destination and score as `matmul` then `max`.
-    from tome_processors.merge import _CHUNK_ROWS, _best_match  # noqa: PLC0415
+    from tome_processors import merge as merge_module  # noqa: PLC0415
+    from tome_processors.merge import _CHUNK_ROWS, _best_match, _pair_scores, _use_cpu_gemm  # noqa: PLC0415
 
     g = torch.Generator().manual_seed(1)
     src = torch.randn(2, 40, _CHUNK_ROWS + 77, generator=g).transpose(1, 2)
     dst = torch.randn(2, 33, 40, generator=g)
+    if not _use_cpu_gemm(src, torch.float32):
+        pytest.skip("oneDNN's CPU GEMM is not available here: only the plain path runs")
     score, index = _best_match(src, dst)
     plain = (src @ dst.transpose(-1, -2)).max(dim=-1)
     assert torch.equal(index, plain.indices)
     torch.testing.assert_close(score, plain.values, rtol=1e-5, atol=1e-5)
     low_score, low_index = _best_match(src.bfloat16(), dst.bfloat16())
-    assert low_index.shape == index.shape and low_score.dtype == torch.bfloat16
-    assert (low_index == index).float().mean() > 0.9
+    plain_low = (src.bfloat16() @ dst.bfloat16().transpose(-1, -2)).max(dim=-1)
+    assert low_score.dtype == torch.bfloat16 and torch.equal(low_index, plain_low.indices)
+    # Choosing in bfloat16 and re-scoring in float32: the plain path's choice, exactly re-scored.
+    chosen_score, chosen = _best_match(src, dst, torch.bfloat16)
+    assert torch.equal(chosen, plain_low.indices)
+    torch.testing.assert_close(chosen_score, _pair_scores(src, dst, chosen), rtol=1e-5, atol=1e-5)
+    assert merge_module._use_cpu_gemm(src[:0], torch.float32) is False  # an empty batch takes `matmul`
+    assert _best_match(src[:0], dst[:0])[0].shape == (0, src.shape[1])
 
 
 def test_cpu_gemm_path_and_plain_matmul_choose_the_same_merge(monkeypatch):

@@ -129,7 +129,7 @@ def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Sequen
             if level_ratio > 0 and (r > 0 or config.mode == "downsample_kv"):
                 # The processor merges the normalised hidden states, a contiguous tensor; the recorded
                 # block input may be a channels-first view, whose merge would add a copy.
-                targets.append((index, block, r, block.tokens.contiguous()))
+                targets.append((index, block, r, _hidden(block)))
 
         def run() -> None:
             with torch.inference_mode():
@@ -159,6 +159,10 @@ def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Sequen
         return run
 
     return build
+
+
+def _hidden(block: BlockInput) -> torch.Tensor:
+    return block.hidden if block.hidden is not None else block.tokens.contiguous()
 
 
 def ours_method(config: ToMeConfig, family: str, auto_downsample: int, name: str | None = None) -> Method:
@@ -214,9 +218,7 @@ def _tomesd_overhead(ratio: float, max_downsample: int) -> Callable[[Sequence[Bl
 
     def build(blocks: Sequence[BlockInput]) -> Callable[[], Any]:
         targets = [
-            (b, int(b.tokens.shape[1] * ratio), b.tokens.contiguous())
-            for b in blocks
-            if b.h and b.downsample <= max_downsample
+            (b, int(b.tokens.shape[1] * ratio), _hidden(b)) for b in blocks if b.h and b.downsample <= max_downsample
         ]
         device = blocks[0].tokens.device if blocks else torch.device("cpu")
         generator = torch.Generator(device=device).manual_seed(0)

@@ -49,15 +49,19 @@ class BlockInput(NamedTuple):
     """What one spatial transformer block saw in the reference forward.
 
     Attributes:
-        tokens: `(B, N, C)` the raw block input (a copy).
+        tokens: `(B, N, C)` the raw block input (a copy, in the block input's memory layout, which
+            is channels-first in UNets: the matching reads it as it is).
         h, w: the block's token grid (`h * w == N`), or 0, 0 when it is not a grid of the latent.
         downsample: the level's downsample factor (1 at the latent resolution).
+        hidden: the same values, contiguous, like the normalised hidden states that the processor
+            merges; one copy shared by every method's overhead replay. None: use `tokens`.
     """
 
     tokens: torch.Tensor
     h: int
     w: int
     downsample: int
+    hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -192,7 +196,8 @@ def record_block_inputs(unet: torch.nn.Module, forward: Callable[[], Any]) -> tu
         h, w = math.ceil(height / downsample), math.ceil(width / downsample)
         if h * w != num_tokens:
             h = w = 0
-        seen.append(BlockInput(tokens.detach().clone(), h, w, downsample))
+        copy = tokens.detach().clone()
+        seen.append(BlockInput(copy, h, w, downsample, copy.contiguous()))
 
     handles = [unet.register_forward_pre_hook(model_hook, with_kwargs=True)]
     blocks = [site.module for site in family.blocks(unet)] if family is not None else []

@@ -247,11 +247,40 @@ def _onednn_linear_works(dtype: torch.dtype) -> bool:
     a = torch.linspace(-1, 1, 96).view(8, 12).to(dtype)
     b = torch.linspace(1, -0.5, 60).view(5, 12).to(dtype)
     try:
-        out = torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+        with torch.autocast("cpu", enabled=False):  # the reference must be computed in `dtype`
+            out = torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
+            reference = a @ b.T
     except (RuntimeError, NotImplementedError):
         return False
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    return bool(torch.allclose(out.float(), (a @ b.T).float(), rtol=tolerance, atol=tolerance))
+    return bool(torch.allclose(out.float(), reference.float(), rtol=tolerance, atol=tolerance))
+
+
+def _use_cpu_gemm(src: torch.Tensor, dtype: torch.dtype) -> bool:
+    # Only where it computes what `matmul` would: on CPU, outside torch.compile and CPU autocast
+    # (which would change `matmul`'s dtype), with oneDNN switched on, and on a non-empty input.
+    return (
+        src.device.type == "cpu"
+        and src.numel() > 0
+        and not _is_compiling()
+        and not _cpu_autocast_enabled()
+        and torch.backends.mkldnn.enabled
+        and _onednn_linear_works(dtype)
+    )
+
+
+def _is_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):  # torch >= 2.3
+        return compiler.is_compiling()
+    return torch._dynamo.is_compiling()
+
+
+def _cpu_autocast_enabled() -> bool:
+    try:
+        return torch.is_autocast_enabled("cpu")  # torch >= 2.4
+    except TypeError:
+        return torch.is_autocast_cpu_enabled()
 
 
 def _best_match(
@@ -262,7 +291,7 @@ def _best_match(
     With `choose_dtype`, the destination is chosen on scores computed in that (cheaper) dtype, and
     the chosen pair is then scored in the inputs' dtype, so the ranking of sources stays exact.
     """
-    if src.device.type != "cpu" or torch.compiler.is_compiling() or not _onednn_linear_works(choose_dtype or src.dtype):
+    if not _use_cpu_gemm(src, choose_dtype or src.dtype):
         if choose_dtype is None:
             return (src @ dst.transpose(-1, -2)).max(dim=-1)
         best_dst = (src.to(choose_dtype) @ dst.to(choose_dtype).transpose(-1, -2)).max(dim=-1).indices
