@@ -383,23 +383,21 @@ def run_benchmark(
                 for i in order:
                     run(i, timed=False)
                 continue
-            # Timed: baseline, a few methods, baseline, ...; each method is paired with the mean of
-            # the baseline runs just before and just after its group.
-            groups: list[list[tuple[int, float]]] = [[]]
-            bases: list[float] = []
+            # Timed: baseline, a few methods, baseline, ... (the schedule starts and ends with the
+            # baseline); each method is paired with the mean of the baseline runs around its group.
+            pending: list[tuple[int, float]] = []
+            previous = 0.0
             for i in order:
                 seconds = run(i, timed=True)
-                if i == 0:
-                    bases.append(seconds)
-                    groups.append([])
-                else:
-                    groups[-1].append((i, seconds))
-            times[0].extend(bases)
-            paired_base[0].extend(bases)
-            for before, after, group in zip(bases, bases[1:], groups[1:], strict=False):
-                for i, seconds in group:
-                    times[i].append(seconds)
-                    paired_base[i].append((before + after) / 2)
+                if i != 0:
+                    pending.append((i, seconds))
+                    continue
+                times[0].append(seconds)
+                paired_base[0].append(seconds)
+                for j, method_seconds in pending:
+                    times[j].append(method_seconds)
+                    paired_base[j].append((previous + seconds) / 2)
+                pending, previous = [], seconds
     finally:
         bar.close()
 
