@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 
 from .config import ToMeConfig
+from .families import Layout
 from .merge import TokenMerge, bipartite_soft_matching_2d, level_downsample, window_choice
 
 _MASK31 = 0x7FFFFFFF
@@ -193,3 +194,18 @@ def step_key_from_timestep(timestep: object, device: torch.device) -> torch.Tens
         timestep = torch.tensor(float(timestep), device=device)
     # Sixteenths of a step tell fractional (Karras/Euler) timesteps apart; no host sync needed.
     return (timestep.reshape(-1)[:1].float() * 16).round().long() & _MASK31
+
+
+#: Attribute set on each mergeable attention module while ToMe is applied: an `AttentionSlot`.
+SLOT_ATTR = "_tome_slot"
+
+
+class AttentionSlot:
+    """Where an attention module sits: its block's state, self- or cross-attention, its token layout."""
+
+    __slots__ = ("block", "is_cross", "layout")
+
+    def __init__(self, block: BlockState, is_cross: bool, layout: Layout = Layout.IMAGE) -> None:
+        self.block = block
+        self.is_cross = is_cross
+        self.layout = layout

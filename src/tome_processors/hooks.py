@@ -16,9 +16,8 @@ from typing import Any
 import torch
 
 from .config import ToMeConfig
-from .context import BlockState, ModelState
+from .context import SLOT_ATTR, AttentionSlot, BlockState, ModelState
 from .families import BlockSite, Family, family_of
-from .processor import SLOT_ATTR, AttentionSlot
 
 logger = logging.getLogger(__name__)
 

@@ -9,24 +9,10 @@ import torch
 from diffusers.models.attention_processor import AttnProcessor2_0
 
 from .config import ToMeConfig
-from .context import BlockState
+from .context import SLOT_ATTR, AttentionSlot
 from .families import Layout
-from .layouts import run_with_text
+from .joint_attention import run_with_text
 from .merge import pool_tokens
-
-#: Attribute set on each mergeable attention module while ToMe is applied: an `AttentionSlot`.
-SLOT_ATTR = "_tome_slot"
-
-
-class AttentionSlot:
-    """Where an attention module sits: its block's state, self- or cross-attention, its token layout."""
-
-    __slots__ = ("block", "is_cross", "layout")
-
-    def __init__(self, block: BlockState, is_cross: bool, layout: Layout = Layout.IMAGE) -> None:
-        self.block = block
-        self.is_cross = is_cross
-        self.layout = layout
 
 
 class _SignedCall:
