@@ -31,6 +31,7 @@ import torch
 from diffusers.models.attention import BasicTransformerBlock
 from diffusers.models.attention_processor import Attention
 
+from .arguments import argument
 from .config import ToMeConfig
 
 __all__ = [
@@ -109,12 +110,6 @@ def attention_levels(model: torch.nn.Module) -> list[int]:
     return [2**i for i, block in enumerate(down_blocks) if len(getattr(block, "attentions", None) or []) > 0]
 
 
-def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
-    if name in kwargs:
-        return kwargs[name]
-    return args[position] if len(args) > position else None
-
-
 class Family:
     """What ToMe needs to know about one kind of model. Subclasses fill in the details.
 
@@ -162,14 +157,14 @@ class Family:
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
         """`(h, w)` image tokens of this forward, or None when the call gives no grid."""
         patch = int(getattr(model.config, "patch_size", 1) or 1)
-        x = _argument(args, kwargs, self.input_position, self.input_name)
+        x = argument(args, kwargs, self.input_position, self.input_name)
         if not isinstance(x, torch.Tensor) or x.ndim != 4:
             return None
         return int(x.shape[-2]) // patch, int(x.shape[-1]) // patch
 
     def timestep(self, args: tuple, kwargs: dict) -> object:
         """The timestep of this forward on the 0..1000 scale (tensor, number or None)."""
-        t = _argument(args, kwargs, self.timestep_position, "timestep")
+        t = argument(args, kwargs, self.timestep_position, "timestep")
         if t is None or self.timestep_scale == 1.0:
             return t
         return t * self.timestep_scale
@@ -210,7 +205,7 @@ class UNetFamily(Family):
         return min(levels) if levels else 1
 
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
-        sample = _argument(args, kwargs, 0, "sample")
+        sample = argument(args, kwargs, 0, "sample")
         if not isinstance(sample, torch.Tensor) or sample.ndim < 4:
             return None
         return int(sample.shape[-2]), int(sample.shape[-1])
@@ -294,8 +289,8 @@ class FluxFamily(Family):
         return sites
 
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
-        x = _argument(args, kwargs, 0, "hidden_states")
-        ids = _argument(args, kwargs, 4, "img_ids")
+        x = argument(args, kwargs, 0, "hidden_states")
+        ids = argument(args, kwargs, 4, "img_ids")
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or not isinstance(ids, torch.Tensor):
             return None
         if ids.ndim == 3:

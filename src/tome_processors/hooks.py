@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .arguments import argument
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot, BlockState, ModelState
 from .families import BlockSite, Family, family_of
@@ -48,12 +49,6 @@ class ToMeContext:
             delattr(model, CONTEXT_ATTR)
 
 
-def _first(args: tuple, kwargs: dict, position: int, name: str) -> Any:
-    if len(args) > position:
-        return args[position]
-    return kwargs.get(name)
-
-
 def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None = None) -> ToMeContext:
     """Install the merge context on `model`: a model pre-hook and hooks on every block of its family."""
     family = family or family_of(model)
@@ -63,7 +58,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None = 
     state = context.model_state
 
     def model_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        x = _first(args, kwargs, family.input_position, family.input_name)
+        x = argument(args, kwargs, family.input_position, family.input_name)
         grid = family.token_grid(module, args, kwargs) if isinstance(x, torch.Tensor) else None
         if grid is None:
             state.reset()
@@ -83,7 +78,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None = 
 def _install_block(context: ToMeContext, site: BlockSite, block_state: BlockState, config: ToMeConfig) -> None:
     def block_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         block_state.reset()
-        hidden_states = _first(args, kwargs, 0, "hidden_states")
+        hidden_states = argument(args, kwargs, 0, "hidden_states")
         # The raw block input (image tokens), before norm1: tomesd's similarity metric.
         block_state.metric = hidden_states if isinstance(hidden_states, torch.Tensor) else None
 
@@ -108,7 +103,7 @@ def _install_feed_forward(
     # The feed-forward is no attention module, so it gets a pre-hook (merge) and a hook (unmerge).
     def ff_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         block_state.ff_merge = None
-        hidden_states = _first(args, kwargs, 0, "hidden_states")
+        hidden_states = argument(args, kwargs, 0, "hidden_states")
         merge = block_state.merge_for(config)
         # Chunked feed-forward (set_chunk_feed_forward) sees slices: leave those alone.
         if merge is None or not isinstance(hidden_states, torch.Tensor) or hidden_states.ndim != 3:

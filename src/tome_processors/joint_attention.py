@@ -22,22 +22,11 @@ from typing import Any
 
 import torch
 
+from .arguments import argument, replace_argument
 from .families import Layout
 from .merge import TokenMerge
 
 _ROTARY = (2, "image_rotary_emb")  # position after hidden_states, and keyword name
-
-
-def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
-    if name in kwargs:
-        return kwargs[name]
-    return args[position] if len(args) > position else None
-
-
-def _replace(args: tuple, kwargs: dict, position: int, name: str, value: Any) -> tuple[tuple, dict]:
-    if name in kwargs or len(args) <= position:
-        return args, {**kwargs, name: value}
-    return (*args[:position], value, *args[position + 1 :]), kwargs
 
 
 def run_with_text(processor: Any, slot: Any, attn: torch.nn.Module, hidden_states: torch.Tensor, args, kwargs):
@@ -47,7 +36,7 @@ def run_with_text(processor: Any, slot: Any, attn: torch.nn.Module, hidden_state
         return inner(attn, hidden_states, *args, **kwargs)
     if slot.layout is Layout.JOINT:
         merge = processor._merge_for(slot, hidden_states, args, kwargs)
-        text = _argument(args, kwargs, 0, "encoder_hidden_states")
+        text = argument(args, kwargs, 0, "encoder_hidden_states")
         text_len = int(text.shape[1]) if isinstance(text, torch.Tensor) else 0
         if merge is None or not _rotary_fits(args, kwargs, text_len + merge.num_tokens):
             return inner(attn, hidden_states, *args, **kwargs)
@@ -64,11 +53,11 @@ def run_with_text(processor: Any, slot: Any, attn: torch.nn.Module, hidden_state
         return inner(attn, hidden_states, *args, **kwargs)
     out = _call(inner, attn, torch.cat([text, merge.merge(image)], dim=1), args, kwargs, merge, text_len)
     if isinstance(out, tuple):  # a processor that returns more: the first output holds the tokens
-        return (_unmerge_text_first(out[0], merge, text_len), *out[1:])
-    return _unmerge_text_first(out, merge, text_len)
+        return (_unmerge_textargument(out[0], merge, text_len), *out[1:])
+    return _unmerge_textargument(out, merge, text_len)
 
 
-def _unmerge_text_first(out: torch.Tensor, merge: TokenMerge, text_len: int) -> torch.Tensor:
+def _unmerge_textargument(out: torch.Tensor, merge: TokenMerge, text_len: int) -> torch.Tensor:
     return torch.cat([out[:, :text_len], merge.unmerge(out[:, text_len:])], dim=1)
 
 
@@ -90,7 +79,7 @@ def _rotary_tables(rotary: Any) -> list[torch.Tensor]:
 
 def _rotary_fits(args: tuple, kwargs: dict, num_positions: int) -> bool:
     """No rotary embeddings, or tables with one row per text and image token (else: do not merge)."""
-    rotary = _argument(args, kwargs, *_ROTARY)
+    rotary = argument(args, kwargs, *_ROTARY)
     if rotary is None:
         return True
     tables = _rotary_tables(rotary)
@@ -105,7 +94,7 @@ def _merged_rotary(rotary: Any, positions: torch.Tensor, text_len: int) -> Any:
 
 
 def _call(inner, attn, merged: torch.Tensor, args: tuple, kwargs: dict, merge: TokenMerge, text_len: int) -> Any:
-    rotary = _argument(args, kwargs, *_ROTARY)
+    rotary = argument(args, kwargs, *_ROTARY)
     if rotary is None:
         return inner(attn, merged, *args, **kwargs)
     batch = merge.batch
@@ -113,7 +102,7 @@ def _call(inner, attn, merged: torch.Tensor, args: tuple, kwargs: dict, merge: T
     for b in range(batch):  # one rotary table per sample (see the module doc)
         sample_args = tuple(_sample(x, b, batch) for x in args)
         sample_kwargs = {k: _sample(v, b, batch) for k, v in kwargs.items()}
-        sample_args, sample_kwargs = _replace(
+        sample_args, sample_kwargs = replace_argument(
             sample_args, sample_kwargs, *_ROTARY, _merged_rotary(rotary, merge.row_token[b], text_len)
         )
         outputs.append(inner(attn, merged[b : b + 1], *sample_args, **sample_kwargs))

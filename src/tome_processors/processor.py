@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from diffusers.models.attention_processor import AttnProcessor2_0
 
+from .arguments import argument
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
 from .families import Layout
@@ -132,7 +133,7 @@ class ToMeProcessor(torch.nn.Module):
         config = self.config
         if not (config.merge_crossattn if slot.is_cross else config.merge_attn):
             return None
-        mask = _argument(args, kwargs, 1, "attention_mask")
+        mask = argument(args, kwargs, 1, "attention_mask")
         if mask is not None and (not slot.is_cross or mask.shape[-2] != 1):
             return None  # a mask over the merged tokens would no longer line up
         merge = slot.block.merge_for(config)
@@ -144,9 +145,9 @@ class ToMeProcessor(torch.nn.Module):
         config = self.config
         if slot.is_cross or not config.merge_attn:
             return None
-        if _argument(args, kwargs, 0, "encoder_hidden_states") is not None:
+        if argument(args, kwargs, 0, "encoder_hidden_states") is not None:
             return None
-        if _argument(args, kwargs, 1, "attention_mask") is not None:
+        if argument(args, kwargs, 1, "attention_mask") is not None:
             return None
         grid = slot.block.grid(hidden_states.shape[1])
         if grid is None or not slot.block.applies(config, grid):
@@ -156,10 +157,3 @@ class ToMeProcessor(torch.nn.Module):
 
 #: Attributes that diffusers reads and sets on processors, kept on the inner processor.
 _FORWARDED = frozenset({"_attention_backend", "_parallel_config"})
-
-
-def _argument(args: tuple, kwargs: dict, position: int, name: str) -> Any:
-    """An argument that diffusers passes by keyword (Attention) or by position (Flux-style calls)."""
-    if name in kwargs:
-        return kwargs[name]
-    return args[position] if len(args) > position else None
