@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tome_processors.merge import bipartite_soft_matching_2d, grid_partition, level_downsample, window_choice
+from tome_processors import _similarity
+from tome_processors._similarity import CHUNK_ROWS, _pair_scores, _use_cpu_gemm, best_match
+from tome_processors.merge import (
+    bipartite_soft_matching_2d,
+    grid_partition,
+    level_downsample,
+    window_choice,
+    window_mix,
+)
 
 
 def test_grid_partition_top_left_and_leftovers():
@@ -17,7 +25,7 @@ def test_grid_partition_top_left_and_leftovers():
 def test_grid_partition_with_choice():
     choice = torch.tensor([[3, 1]])  # bottom-right of window 0, top-right of window 1
     dst, _ = grid_partition(2, 4, sx=2, sy=2, choice=choice)
-    assert dst.tolist() == [3, 5]
+    assert dst.tolist() == [5, 3]  # in window order
 
 
 def test_worked_example_merge_and_unmerge():
@@ -26,7 +34,7 @@ def test_worked_example_merge_and_unmerge():
     x = torch.tensor([[[0.0], [2.0], [10.0], [20.0]]])
     m = bipartite_soft_matching_2d(metric, h=1, w=4, sx=2, sy=1, r=1)
     # Token 1 is closest to token 0 (cosine 0.994 > token 3's 0.981 to token 2): it is merged.
-    assert m.merge(x).flatten().tolist() == [20.0, 1.0, 10.0]
+    assert m.merge(x).flatten().tolist() == [1.0, 10.0, 20.0]  # destinations first, then unmerged sources
     assert m.unmerge(m.merge(x)).flatten().tolist() == [1.0, 1.0, 10.0, 20.0]
 
 
@@ -45,11 +53,14 @@ def test_level_downsample_matches_tomesd_formula():
 
 def test_window_choice_is_deterministic_in_range_and_spread():
     key = torch.tensor([12345])
-    a, b = window_choice(32, 32, 4, key), window_choice(32, 32, 4, key)
+    mix = window_mix(blocks=2, windows=32 * 32, seed=0)
+    a, b = window_choice(mix, key, 4)[0], window_choice(mix, key, 4)[0]
     assert torch.equal(a, b) and a.min() >= 0 and a.max() <= 3
     counts = torch.bincount(a.flatten(), minlength=4)
     assert counts.min() > 200  # 1024 windows, about 256 each
-    assert not torch.equal(a, window_choice(32, 32, 4, key + 1))
+    assert not torch.equal(a, window_choice(mix, key + 1, 4)[0])
+    assert not torch.equal(a, window_choice(mix, key, 4)[1])  # another block, another choice
+    assert not torch.equal(a, window_choice(window_mix(2, 32 * 32, seed=1), key, 4)[0])  # another seed
 
 
 def test_low_precision_similarity_scores_chosen_pairs_exactly():
@@ -65,36 +76,33 @@ def test_low_precision_similarity_scores_chosen_pairs_exactly():
 def test_best_match_agrees_with_plain_matmul_across_chunks():
     # More source rows than one chunk, a channels-first view as the block input is, and both dtypes
     # the CPU GEMM path takes: the same best destination and score as `matmul` then `max`.
-    from tome_processors import merge as merge_module  # noqa: PLC0415
-    from tome_processors.merge import _CHUNK_ROWS, _best_match, _pair_scores, _use_cpu_gemm  # noqa: PLC0415
 
     g = torch.Generator().manual_seed(1)
-    src = torch.randn(2, 40, _CHUNK_ROWS + 77, generator=g).transpose(1, 2)
+    src = torch.randn(2, 40, CHUNK_ROWS + 77, generator=g).transpose(1, 2)
     dst = torch.randn(2, 33, 40, generator=g)
     if not _use_cpu_gemm(src, torch.float32):
         pytest.skip("oneDNN's CPU GEMM is not available here: only the plain path runs")
-    score, index = _best_match(src, dst)
+    score, index = best_match(src, dst)
     plain = (src @ dst.transpose(-1, -2)).max(dim=-1)
     assert torch.equal(index, plain.indices)
     torch.testing.assert_close(score, plain.values, rtol=1e-5, atol=1e-5)
-    low_score, low_index = _best_match(src.bfloat16(), dst.bfloat16())
+    low_score, low_index = best_match(src.bfloat16(), dst.bfloat16())
     plain_low = (src.bfloat16() @ dst.bfloat16().transpose(-1, -2)).max(dim=-1)
     assert low_score.dtype == torch.bfloat16 and torch.equal(low_index, plain_low.indices)
     # Choosing in bfloat16 and re-scoring in float32: the plain path's choice, exactly re-scored.
-    chosen_score, chosen = _best_match(src, dst, torch.bfloat16)
+    chosen_score, chosen = best_match(src, dst, torch.bfloat16)
     assert torch.equal(chosen, plain_low.indices)
     torch.testing.assert_close(chosen_score, _pair_scores(src, dst, chosen), rtol=1e-5, atol=1e-5)
-    assert merge_module._use_cpu_gemm(src[:0], torch.float32) is False  # an empty batch takes `matmul`
-    assert _best_match(src[:0], dst[:0])[0].shape == (0, src.shape[1])
+    assert _use_cpu_gemm(src[:0], torch.float32) is False  # an empty batch takes `matmul`
+    assert best_match(src[:0], dst[:0])[0].shape == (0, src.shape[1])
 
 
 def test_cpu_gemm_path_and_plain_matmul_choose_the_same_merge(monkeypatch):
-    from tome_processors import merge as merge_module  # noqa: PLC0415
 
     g = torch.Generator().manual_seed(2)
     metric = torch.randn(2, 40, 32 * 32, generator=g).transpose(1, 2)  # channels-first, as in a UNet
     fast = bipartite_soft_matching_2d(metric, 32, 32, 2, 2, 400)
-    monkeypatch.setattr(merge_module, "_onednn_linear_works", lambda dtype: False)
+    monkeypatch.setattr(_similarity, "_onednn_linear_works", lambda dtype: False)
     plain = bipartite_soft_matching_2d(metric, 32, 32, 2, 2, 400)
     assert torch.equal(fast.token_row, plain.token_row)
 

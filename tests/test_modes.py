@@ -8,6 +8,7 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 
 import tome_processors.context as context_module
 from tome_processors import ToMeConfig, apply_tome, remove_tome
+from tome_processors.hooks import CONTEXT_ATTR
 
 from models import run_unet, tiny_unet, unet_inputs
 
@@ -55,13 +56,13 @@ def test_downsample_kv_factor_and_pool_change_the_output(unet):
 
 def count_matchings(monkeypatch) -> list[int]:
     calls: list[int] = []
-    original = context_module.bipartite_soft_matching_2d
+    original = context_module.match
 
     def counting(metric, *args, **kwargs):
         calls.append(metric.shape[1])
         return original(metric, *args, **kwargs)
 
-    monkeypatch.setattr(context_module, "bipartite_soft_matching_2d", counting)
+    monkeypatch.setattr(context_module, "match", counting)
     return calls
 
 
@@ -83,10 +84,15 @@ def test_recompute_every_reuses_merges_across_steps(unet, monkeypatch):
     calls = count_matchings(monkeypatch)
     sample, _, text, _ = unet_inputs(unet)
     apply_tome(unet, ratio=0.5, recompute_every=2)
-    for t in (999, 999, 800, 600, 400, 999, 800):  # CFG twice at 999; a new generation at the second 999
+    # Steps are counted on the host (the timestep is never read back): every forward is a step, and a
+    # new generation starts at a reset, which diffusers pipelines trigger after every call.
+    for t in (999, 800, 600, 400, 200):
         run_unet(unet, sample, torch.tensor(t), text)
-    # Steps 0, 2 of the first generation and step 0 of the second compute: 3 blocks each.
-    assert calls.count(256) == 9
+    assert calls.count(256) == 3 * 3  # steps 0, 2 and 4 compute, 3 blocks each
+    getattr(unet, CONTEXT_ATTR).model_state.reset()
+    for t in (999, 800):
+        run_unet(unet, sample, torch.tensor(t), text)
+    assert calls.count(256) == 3 * 4  # the new generation's step 0
 
 
 def test_level_ratios(unet):

@@ -6,9 +6,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tome_processors.merge import bipartite_soft_matching_2d, grid_partition, window_choice
+from tome_processors.merge import bipartite_soft_matching_2d, grid_partition, window_choice, window_mix
 
 DTYPES = st.sampled_from([torch.float32, torch.float16, torch.bfloat16])
+
+
+def random_choice_grid(h: int, w: int, sx: int, sy: int, seed: int) -> torch.Tensor:
+    """A `(h // sy, w // sx)` destination place per window, drawn as the hooks draw it."""
+    mix = window_mix(1, (h // sy) * (w // sx), seed)
+    return window_choice(mix, torch.tensor([seed]), sx * sy).view(h // sy, w // sx)
 
 
 @st.composite
@@ -33,7 +39,9 @@ def build(case, dtype=torch.float32):
     x = torch.randn(batch, h * w, channels + 1, generator=g)
     choice = None
     if random_choice and h // sy and w // sx:
-        choice = window_choice(h // sy, w // sx, sx * sy, torch.tensor([seed]))
+        choice = window_choice(window_mix(1, (h // sy) * (w // sx), seed), torch.tensor([seed]), sx * sy).view(
+            h // sy, w // sx
+        )
     merge = bipartite_soft_matching_2d(metric.to(dtype), h, w, sx, sy, r, choice)
     return merge, x.to(dtype)
 
@@ -88,7 +96,11 @@ def test_finite_in_every_dtype(case, dtype):
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 12), st.integers(1, 12), st.integers(1, 3), st.integers(1, 3), st.integers(0, 2**20))
 def test_partition_covers_every_token_once(h, w, sx, sy, key):
-    choice = window_choice(h // sy, w // sx, sx * sy, torch.tensor([key])) if h // sy and w // sx else None
+    choice = (
+        window_choice(window_mix(1, (h // sy) * (w // sx), key), torch.tensor([key]), sx * sy).view(h // sy, w // sx)
+        if h // sy and w // sx
+        else None
+    )
     dst, src = grid_partition(h, w, sx, sy, choice)
     assert sorted(dst.tolist() + src.tolist()) == list(range(h * w))
     assert dst.numel() == (h // sy) * (w // sx)

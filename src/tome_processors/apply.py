@@ -178,7 +178,7 @@ def _begin_from_submodules(model: torch.nn.Module, context: ToMeContext) -> bool
         sample = args[0] if args else None
         if isinstance(sample, torch.Tensor) and sample.ndim == 4:
             hw = (int(sample.shape[-2]), int(sample.shape[-1]))
-            state.begin(hw, sample.device, seen.get("timestep"), state.config.needs_step_count)
+            state.begin(hw, seen.get("timestep"))
 
     handles = [time_proj.register_forward_pre_hook(on_timestep), conv_in.register_forward_pre_hook(on_latent)]
     context.handles.extend(handles)  # removal takes them away even if this forward never reaches conv_in

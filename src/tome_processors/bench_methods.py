@@ -30,8 +30,8 @@ import torch
 from .apply import apply_tome, remove_tome
 from .benchmark import BlockInput, Method
 from .config import ToMeConfig
-from .context import step_key_from_timestep
-from .merge import bipartite_soft_matching_2d, pool_tokens, window_choice
+from .context import BlockState, ModelState
+from .merge import pool_tokens
 
 __all__ = [
     "MODES",
@@ -115,8 +115,6 @@ def baseline_method() -> Method:
 
 def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Sequence[BlockInput]], Callable[[], Any]]:
     merges_per_block = int(config.merge_attn) + int(config.merge_crossattn) + int(config.merge_mlp)
-    similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
-
     max_downsample = auto_downsample if config.max_downsample == "auto" else int(config.max_downsample)
 
     def build(blocks: Sequence[BlockInput]) -> Callable[[], Any]:
@@ -131,29 +129,25 @@ def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Sequen
                 # block input may be a channels-first view, whose merge would add a copy.
                 targets.append((index, block, r, _hidden(block)))
 
+        state = ModelState(config=config, auto_downsample=auto_downsample)
+        block_states = [BlockState(state, index) for index in range(len(blocks))]
+        first = next((block for _, block, _, _ in targets), None)
+        latent_hw = (first.h * first.downsample, first.w * first.downsample) if first is not None else (0, 0)
+
         def run() -> None:
             with torch.inference_mode():
                 if config.mode == "downsample_kv":
                     for _, block, _, hidden in targets:
                         pool_tokens(hidden, block.h, block.w, config.kv_factor, config.kv_pool)
                     return
-                shared: dict[int, Any] = {}
-                step_key = step_key_from_timestep(BENCH_TIMESTEP, blocks[0].tokens.device)
-                for index, block, r, hidden in targets:
-                    merge = shared.get(block.downsample) if config.share_level else None
-                    if merge is None:
-                        tokens = block.tokens
-                        choice = None
-                        hsy, wsx = block.h // config.sy, block.w // config.sx
-                        if config.use_rand and tokens.shape[0] % 2 == 0 and hsy > 0 and wsx > 0:
-                            base = (config.seed * 104_729 + index * 7_919) & 0x7FFFFFFF
-                            key = (step_key * 1_000_003 + base) & 0x7FFFFFFF
-                            choice = window_choice(hsy, wsx, config.sx * config.sy, key)
-                        merge = bipartite_soft_matching_2d(
-                            tokens, block.h, block.w, config.sx, config.sy, r, choice, similarity_dtype
-                        )
-                        shared[block.downsample] = merge
-                    for _ in range(merges_per_block):
+                # Through the library's own per-block path, so the replay cannot drift from it.
+                state.begin(latent_hw, BENCH_TIMESTEP)
+                for index, block, _, hidden in targets:
+                    block_state = block_states[index]
+                    block_state.reset()
+                    block_state.metric = block.tokens
+                    merge = block_state.merge_for(config)
+                    for _ in range(merges_per_block if merge is not None else 0):
                         merge.unmerge(merge.merge(hidden))
 
         return run

@@ -15,9 +15,8 @@ import torch
 
 from .config import ToMeConfig
 from .families import Layout
-from .merge import TokenMerge, bipartite_soft_matching_2d, level_downsample, window_choice
+from .merge import GridLayout, Partition, TokenMerge, level_downsample, match, window_choice, window_mix
 
-_MASK31 = 0x7FFFFFFF
 _MAX_KEPT_MERGES = 256  # bound on merges kept for reuse across blocks/steps
 
 
@@ -33,62 +32,126 @@ class Grid(NamedTuple):
 class _KeptMerge:
     merge: TokenMerge | None
     step: int
-    forward: int
 
 
 @dataclass
 class ModelState:
-    """What one forward of the model tells the blocks.
+    """What one forward of the model tells the blocks, and what is cached for them.
 
     Attributes:
         config: the configuration the hooks were installed with.
         auto_downsample: what `max_downsample="auto"` means on this model.
-        latent_hw: `(H, W)` of the model's `sample` in the current (or last) forward.
-        step_key: long tensor of one element derived from the timestep; keys the random choice.
-        timestep: the timestep as a number, read only when a schedule or reuse needs it.
-        step: denoising steps seen in the current generation (a new timestep is a new step; a
-            larger one starts a new generation).
-        forward: forwards seen, so merges shared within a forward are not reused in the next.
-        kept: merges kept for `share_level` / `recompute_every`.
+        needs_row_token: whether merges record `TokenMerge.row_token` (Flux's rotary embeddings).
+        latent_hw: `(H, W)` of the model's token grid in the current (or last) forward.
+        timestep: the current forward's timestep as given (a tensor stays on its device).
+        timestep_value: the timestep as a number; read on the host only for `ratio_start`.
+        step: forwards since the last `reset()` (diffusers resets stateful hooks after every
+            pipeline call), for `recompute_every`.
+        num_blocks: blocks registered (`BlockState`), for drawing every block's destinations at once.
+        kept: merges kept for `recompute_every`.
     """
 
     config: ToMeConfig
     auto_downsample: int = 1
     needs_row_token: bool = False
     latent_hw: tuple[int, int] | None = None
-    step_key: torch.Tensor | None = None
-    timestep: float | None = None
-    step: int = 0
-    forward: int = 0
+    timestep: object = None
+    timestep_value: float | None = None
+    step: int = -1
+    num_blocks: int = 0
     kept: dict[tuple, _KeptMerge] = field(default_factory=dict)
+    # Per forward: each grid's partitions for every block, and the merges shared within a level. Tuples
+    # that are replaced, not mutated: torch.compile breaks the graph at diffusers' signature lookup
+    # after a dict mutation.
+    _plans: tuple = ()
+    _shared: tuple = ()
+    # Per grid and device, built once: `GridLayout`s and the per-block hash values of the random choice.
+    _layouts: dict[tuple, GridLayout] = field(default_factory=dict)
+    _mixes: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
     def reset(self) -> None:
+        """Forget the current generation: the next forward is its first step."""
         self.latent_hw = None
-        self.step_key = None
         self.timestep = None
-        self.step = 0
+        self.timestep_value = None
+        self.step = -1
+        self._plans = ()
+        self._shared = ()
         self.kept.clear()
 
-    def begin(self, latent_hw: tuple[int, int], device: torch.device, timestep: object, read_timestep: bool) -> None:
-        """Record the token grid (a UNet's latent, a transformer's patch grid) and timestep of a forward."""
+    def begin(self, latent_hw: tuple[int, int], timestep: object) -> None:
+        """Record the token grid (a UNet's latent, a transformer's patch grid) and timestep of a forward.
+
+        Nothing is read back from the device: the random choice keys on the timestep tensor itself.
+        """
+        if self.latent_hw is not None and latent_hw != self.latent_hw:
+            self.kept.clear()  # another image size: merges kept for reuse no longer fit
         self.latent_hw = latent_hw
-        self.step_key = step_key_from_timestep(timestep, device)
-        if self.config.share_level:  # a counter changing every call would make torch.compile recompile
-            self.forward += 1
-        if not read_timestep or timestep is None:
-            self.timestep = None
-            return
-        # A host read of one number: only schedules and reuse across steps need it.
-        value = float(timestep.reshape(-1)[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
-        if self.timestep is None or value > self.timestep:
-            self.step = 0  # a new generation
-            self.kept.clear()
-        elif value != self.timestep:
+        self.timestep = timestep
+        self._plans = ()
+        self._shared = ()
+        if self.config.recompute_every > 1:  # a counter changing every call would make torch.compile recompile
             self.step += 1
-        self.timestep = value
+        if self.config.ratio_start is not None:
+            self.timestep_value = _timestep_value(timestep)
 
     def max_downsample(self, config: ToMeConfig) -> int:
         return self.auto_downsample if config.max_downsample == "auto" else int(config.max_downsample)
+
+    def layout(self, grid: Grid, config: ToMeConfig, device: torch.device) -> GridLayout:
+        key = (grid.h, grid.w, config.sx, config.sy, device)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = GridLayout.build(grid.h, grid.w, config.sx, config.sy, device)
+        return layout
+
+    def partitions(self, config: ToMeConfig, grid: Grid, batch: int, device: torch.device) -> list[Partition]:
+        """This forward's partition of `grid` for every block (one list entry per block, or one for all)."""
+        key = (config, grid, batch % 2 == 0, device)
+        for plan_key, plan in self._plans:
+            if plan_key == key:
+                return plan
+        layout = self.layout(grid, config, device)
+        # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd).
+        if config.use_rand and batch % 2 == 0:
+            choice = window_choice(self._mix(config, layout, device), self._step_key(device), layout.places)
+            plan = layout.partitions(choice).for_batch(batch).unbind()
+        else:
+            plan = [self._fixed(layout, batch)]
+        self._plans = (*self._plans, (key, plan))
+        return plan
+
+    def _fixed(self, layout: GridLayout, batch: int) -> Partition:
+        key = ("fixed", layout.h, layout.w, layout.sx, layout.sy, layout.origins.device, batch)
+        fixed = self._mixes.get(key)
+        if fixed is None:
+            fixed = self._mixes[key] = layout.fixed().for_batch(batch)
+        return fixed
+
+    def _mix(self, config: ToMeConfig, layout: GridLayout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (config.seed, max(self.num_blocks, 1), layout.windows, device)
+        mix = self._mixes.get(key)
+        if mix is None:
+            mix = self._mixes[key] = window_mix(key[1], layout.windows, config.seed, device)
+        return mix
+
+    def _step_key(self, device: torch.device) -> torch.Tensor | int:
+        timestep = self.timestep
+        if isinstance(timestep, torch.Tensor):
+            # Sixteenths of a step tell fractional (Karras/Euler) timesteps apart; computed on the device.
+            first = timestep if timestep.ndim == 0 else timestep.reshape(-1)[:1]
+            key = first * 16
+            return key if not key.is_floating_point() else key.long()
+        # A Python number (or none): a Python key, no tensor made from it.
+        return int(float(timestep) * 16) if timestep is not None else 0
+
+
+def _timestep_value(timestep: object) -> float | None:
+    # The one host read left in a forward, and only for `ratio_start` (its ratio, and so the merged
+    # tensor's shape, follows the timestep).
+    if timestep is None:
+        return None
+    return float(timestep.reshape(-1)[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
 
 
 @dataclass
@@ -105,6 +168,9 @@ class BlockState:
     merged_config: ToMeConfig | None = None
     merge: TokenMerge | None = None
     ff_merge: TokenMerge | None = None
+
+    def __post_init__(self) -> None:
+        self.model.num_blocks = max(self.model.num_blocks, self.index + 1)
 
     def reset(self) -> None:
         self.metric = None
@@ -141,59 +207,41 @@ class BlockState:
             return None
         batch, num_tokens, _ = metric.shape
         grid = self.grid(num_tokens)
-        if grid is None:
+        if grid is None or grid.h // config.sy == 0 or grid.w // config.sx == 0:
             return None
-        level_ratio = config.level_ratio(grid.downsample, self.model.max_downsample(config))
-        r = int(num_tokens * config.ratio_at(level_ratio, self.model.timestep))
+        model = self.model
+        level_ratio = config.level_ratio(grid.downsample, model.max_downsample(config))
+        r = min(int(num_tokens * config.ratio_at(level_ratio, model.timestep_value)), _num_sources(grid, config))
         if r <= 0:
             return None
-        if not (config.share_level or config.recompute_every > 1):
-            return self._compute(config, metric, grid, r)
-
-        model = self.model
-        owner = -1 if config.share_level else self.index
-        key = (config, owner, batch, model.latent_hw, r)
-        kept = model.kept.get(key)
-        fresh = kept is not None and (
-            model.step - kept.step < config.recompute_every
-            if config.recompute_every > 1
-            else model.config.share_level and kept.forward == model.forward
-        )
-        if fresh:
-            return kept.merge
+        if config.share_level:  # one merge per level and forward, from the level's first block
+            shared_key = (config, grid, batch, r)
+            for key, merge in model._shared:
+                if key == shared_key:
+                    return merge
+        if config.recompute_every > 1:
+            kept_key = (config, -1 if config.share_level else self.index, batch, grid, r)
+            kept = model.kept.get(kept_key)
+            if kept is not None and model.step - kept.step < config.recompute_every:
+                return kept.merge
         merge = self._compute(config, metric, grid, r)
-        if len(model.kept) >= _MAX_KEPT_MERGES:
-            model.kept.clear()
-        model.kept[key] = _KeptMerge(merge, model.step, model.forward)
+        if config.share_level:
+            model._shared = (*model._shared, (shared_key, merge))
+        if config.recompute_every > 1:
+            if len(model.kept) >= _MAX_KEPT_MERGES:
+                model.kept.clear()
+            model.kept[kept_key] = _KeptMerge(merge, model.step)
         return merge
 
     def _compute(self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int) -> TokenMerge:
-        choice = None
-        hsy, wsx = grid.h // config.sy, grid.w // config.sx
-        # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd).
-        if config.use_rand and metric.shape[0] % 2 == 0 and hsy > 0 and wsx > 0:
-            choice = window_choice(hsy, wsx, config.sx * config.sy, self._random_key(config, metric.device))
+        plan = self.model.partitions(config, grid, metric.shape[0], metric.device)
+        partition = plan[self.index] if len(plan) > 1 else plan[0]
         similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
-        return bipartite_soft_matching_2d(
-            metric, grid.h, grid.w, config.sx, config.sy, r, choice, similarity_dtype, self.model.needs_row_token
-        )
-
-    def _random_key(self, config: ToMeConfig, device: torch.device) -> torch.Tensor:
-        base = (config.seed * 104_729 + self.index * 7_919) & _MASK31
-        step = self.model.step_key
-        if step is None:
-            return torch.tensor([base], device=device)
-        return (step.to(device) * 1_000_003 + base) & _MASK31
+        return match(metric, partition, r, similarity_dtype, self.model.needs_row_token)
 
 
-def step_key_from_timestep(timestep: object, device: torch.device) -> torch.Tensor | None:
-    """A long tensor of one element from the model's `timestep` argument (tensor or number)."""
-    if timestep is None:
-        return None
-    if not isinstance(timestep, torch.Tensor):
-        timestep = torch.tensor(float(timestep), device=device)
-    # Sixteenths of a step tell fractional (Karras/Euler) timesteps apart; no host sync needed.
-    return (timestep.reshape(-1)[:1].float() * 16).round().long() & _MASK31
+def _num_sources(grid: Grid, config: ToMeConfig) -> int:
+    return grid.h * grid.w - (grid.h // config.sy) * (grid.w // config.sx)
 
 
 #: Attribute set on each mergeable attention module while ToMe is applied: an `AttentionSlot`.

@@ -63,7 +63,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None = 
         if grid is None:
             state.reset()
             return
-        state.begin(grid, x.device, family.timestep(args, kwargs), config.needs_step_count)
+        state.begin(grid, family.timestep(args, kwargs))
 
     context.handles.append(model.register_forward_pre_hook(model_pre_hook, with_kwargs=True))
 

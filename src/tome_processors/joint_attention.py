@@ -53,11 +53,11 @@ def run_with_text(processor: Any, slot: Any, attn: torch.nn.Module, hidden_state
         return inner(attn, hidden_states, *args, **kwargs)
     out = _call(inner, attn, torch.cat([text, merge.merge(image)], dim=1), args, kwargs, merge, text_len)
     if isinstance(out, tuple):  # a processor that returns more: the first output holds the tokens
-        return (_unmerge_textargument(out[0], merge, text_len), *out[1:])
-    return _unmerge_textargument(out, merge, text_len)
+        return (_unmerge_text_first(out[0], merge, text_len), *out[1:])
+    return _unmerge_text_first(out, merge, text_len)
 
 
-def _unmerge_textargument(out: torch.Tensor, merge: TokenMerge, text_len: int) -> torch.Tensor:
+def _unmerge_text_first(out: torch.Tensor, merge: TokenMerge, text_len: int) -> torch.Tensor:
     return torch.cat([out[:, :text_len], merge.unmerge(out[:, text_len:])], dim=1)
 
 

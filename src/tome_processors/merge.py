@@ -1,32 +1,45 @@
 """Token merging math: bipartite soft matching on a 2-D token grid.
 
 Pure tensor functions; nothing here knows about diffusers. Shapes use B (batch), N (tokens),
-C (channels), M (tokens left after merging) and a token grid of h rows by w columns, row-major.
+C (channels), M (tokens left after merging), S and D (sources and destinations) and a token grid of
+h rows by w columns, row-major.
 
 A merge is described by one index per token, the row of the merged tensor that the token goes
 into. Merging is then a sum into rows divided by the row sizes (`index_add_`), and unmerging is a
 single `index_select` that copies each row back to every token that went into it. Neither needs
-`scatter_reduce` or `gather`, which are missing or wrong on some backends (MPS, DirectML, ONNX).
+`scatter_reduce` or `gather`, which are missing or slow on some backends (on CPU `index_add_` ran
+about 10x faster than `scatter_reduce(mean)` here).
+
+Every op here is a kernel launch on a GPU, where eager diffusion is bound by the host: what depends only
+on the grid (`Partition`) is built once and cached by the caller, the random destination choice is
+drawn for many blocks at once (`GridLayout.partitions`), and nothing reads a tensor back to the host.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache, lru_cache
 
 import torch
 
+from ._similarity import best_match
+
 __all__ = [
+    "GridLayout",
+    "Partition",
     "TokenMerge",
     "bipartite_soft_matching_2d",
+    "fixed_partition",
     "grid_partition",
+    "match",
     "pool_tokens",
     "window_choice",
+    "window_mix",
 ]
 
+_MASK32 = 0xFFFFFFFF
 
-@dataclass(frozen=True)
+
 class TokenMerge:
     """A computed merge: which row of the merged tensor each token goes to.
 
@@ -41,12 +54,23 @@ class TokenMerge:
             (rotary embeddings) follow this token.
     """
 
-    token_row: torch.Tensor
-    row_size: torch.Tensor
-    batch: int
-    num_tokens: int
-    num_rows: int
-    row_token: torch.Tensor | None = None
+    __slots__ = ("batch", "num_rows", "num_tokens", "row_size", "row_token", "token_row")
+
+    def __init__(
+        self,
+        token_row: torch.Tensor,
+        row_size: torch.Tensor,
+        batch: int,
+        num_tokens: int,
+        num_rows: int,
+        row_token: torch.Tensor | None = None,
+    ) -> None:
+        self.token_row = token_row
+        self.row_size = row_size
+        self.batch = batch
+        self.num_tokens = num_tokens
+        self.num_rows = num_rows
+        self.row_token = row_token
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         """`(B, N, C)` -> `(B, M, C)`: each row is the mean of the tokens that went into it."""
@@ -56,7 +80,8 @@ class TokenMerge:
                 f"Expected tokens of shape ({self.batch}, {self.num_tokens}, C), but got {tuple(x.shape)}."
             )
         summed = x.new_zeros(B * self.num_rows, C).index_add_(0, self.token_row, x.reshape(B * N, C))
-        return (summed / self.row_size.to(x.dtype)).view(B, self.num_rows, C)
+        row_size = self.row_size if self.row_size.dtype == x.dtype else self.row_size.to(x.dtype)
+        return (summed / row_size).view(B, self.num_rows, C)
 
     def unmerge(self, y: torch.Tensor) -> torch.Tensor:
         """`(B, M, C)` -> `(B, N, C)`: every token gets a copy of its row."""
@@ -64,27 +89,127 @@ class TokenMerge:
         return y.reshape(B * M, C).index_select(0, self.token_row).view(B, self.num_tokens, C)
 
 
-@lru_cache(maxsize=64)
-def _fixed_partition(h: int, w: int, sx: int, sy: int, device: torch.device) -> tuple[torch.Tensor, ...]:
-    # Top-left destinations depend only on the grid: cache them per (grid, device).
-    return _partition(h, w, sx, sy, torch.zeros(h // sy, w // sx, dtype=torch.long, device=device))
+@dataclass(frozen=True, eq=False)
+class Partition:
+    """Destinations (one per full `sy x sx` window) and sources of a token grid, for one block.
+
+    Attributes:
+        perm: `(N,)` long, the source tokens then the destination tokens.
+        dst_row: `(N,)` long, at each destination token its index among the destinations (0 elsewhere):
+            the row it heads in a merge, where destinations come first.
+        src_idx: `(S,)` the sources (`perm[:S]`), kept apart so a merge slices nothing.
+        dst_idx: `(D,)` the destinations (`perm[S:]`), in window order.
+    """
+
+    perm: torch.Tensor
+    dst_row: torch.Tensor
+    src_idx: torch.Tensor
+    dst_idx: torch.Tensor
+
+    @property
+    def num_src(self) -> int:
+        return self.src_idx.shape[-1]
+
+    @property
+    def num_dst(self) -> int:
+        return self.dst_idx.shape[-1]
+
+    def for_batch(self, batch: int) -> Partition:
+        """`dst_row` and `src_idx` expanded to `(..., batch, N)` and `(..., batch, S)` (views), once per
+        forward rather than once per block."""
+        return Partition(
+            self.perm,
+            self.dst_row.unsqueeze(-2).expand(*self.dst_row.shape[:-1], batch, -1),
+            self.src_idx.unsqueeze(-2).expand(*self.src_idx.shape[:-1], batch, -1),
+            self.dst_idx,
+        )
+
+    def unbind(self) -> list[Partition]:
+        """One partition per block of a stack of partitions (a leading block axis)."""
+        return [
+            Partition(*fields)
+            for fields in zip(
+                self.perm.unbind(0), self.dst_row.unbind(0), self.src_idx.unbind(0), self.dst_idx.unbind(0), strict=True
+            )
+        ]
 
 
-def _partition(h: int, w: int, sx: int, sy: int, choice: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    hsy, wsx = h // sy, w // sx
-    device = choice.device
-    # Position of each window's destination: window origin + (choice // sx, choice % sx).
-    rows = torch.arange(hsy, device=device).view(hsy, 1) * sy + torch.div(choice, sx, rounding_mode="floor")
-    cols = torch.arange(wsx, device=device).view(1, wsx) * sx + choice % sx
-    dst_idx = (rows * w + cols).reshape(-1)
-    is_dst = torch.zeros(h * w, dtype=torch.bool, device=device)
-    is_dst[dst_idx] = True
-    # Sorted destinations keep window order; rows/columns left over at the edges are sources. A stable
-    # sort of the flags lists sources, then destinations, each ascending; unlike `nonzero` its output
-    # size is known in advance, so torch.compile keeps one graph.
-    order = torch.argsort(is_dst.to(torch.int32), stable=True)
-    num_src = h * w - hsy * wsx
-    return order[num_src:], order[:num_src]
+@dataclass(frozen=True, eq=False)
+class GridLayout:
+    """What a grid's partitions are built from; depends only on the grid, so it is built once and cached.
+
+    Attributes:
+        h, w, sx, sy: the grid and its windows.
+        origins: `(W,)` each full window's top-left token.
+        place_order: `(sx * sy, sx * sy)` token offsets within a window: row c lists the places other
+            than c, then c (sources, then the destination).
+        edges: `(E,)` the tokens outside every full window (always sources).
+        window_ids: `(W,)` `arange(W)`, the destination indices.
+    """
+
+    h: int
+    w: int
+    sx: int
+    sy: int
+    origins: torch.Tensor
+    place_order: torch.Tensor
+    edges: torch.Tensor
+    window_ids: torch.Tensor
+
+    @classmethod
+    def build(cls, h: int, w: int, sx: int, sy: int, device: torch.device | str = "cpu") -> GridLayout:
+        """The layout of an `h x w` grid with `sy x sx` windows on `device`."""
+        device = torch.device(device)
+        hsy, wsx = h // sy, w // sx
+        rows = torch.arange(hsy, device=device).view(hsy, 1) * (sy * w)
+        origins = (rows + torch.arange(wsx, device=device).view(1, wsx) * sx).view(-1)
+        offsets = [dy * w + dx for dy in range(sy) for dx in range(sx)]
+        order = [[offsets[p] for p in range(sx * sy) if p != c] + [offsets[c]] for c in range(sx * sy)]
+        covered = torch.zeros(h, w, dtype=torch.bool)
+        covered[: hsy * sy, : wsx * sx] = True
+        edges = torch.arange(h * w)[~covered.view(-1)].to(device)
+        window_ids = torch.arange(hsy * wsx, device=device)
+        return cls(h, w, sx, sy, origins, torch.tensor(order, device=device), edges, window_ids)
+
+    @property
+    def places(self) -> int:
+        return self.sx * self.sy
+
+    @property
+    def windows(self) -> int:
+        return self.window_ids.numel()
+
+    def partitions(self, choice: torch.Tensor) -> Partition:
+        """A stack of partitions, one per row of `choice` `(K, W)` (each window's destination place).
+
+        Seven ops however many blocks `K` holds; `Partition.unbind` splits them per block.
+        """
+        K, W = choice.shape
+        tokens = self.origins.view(1, W, 1) + self.place_order[choice]  # (K, W, places): sources, destination
+        # Place-major: every window's first source, then every window's second, ..., then the destinations.
+        perm = tokens.transpose(1, 2).reshape(K, -1)
+        if self.edges.numel():  # rows and columns left over at the edges are sources too
+            perm = torch.cat([perm[:, :-W], self.edges.expand(K, -1), perm[:, -W:]], dim=1)
+        src_idx, dst_idx = perm.split((perm.shape[1] - W, W), dim=1)
+        dst_row = torch.zeros(K, self.h * self.w, dtype=torch.long, device=choice.device)
+        dst_row.scatter_(1, dst_idx, self.window_ids.expand(K, W))
+        return Partition(perm, dst_row, src_idx, dst_idx)
+
+    def fixed(self) -> Partition:
+        """Every window's top-left token as its destination (tomesd's `no_rand`)."""
+        choice = torch.zeros(1, self.windows, dtype=torch.long, device=self.origins.device)
+        return self.partitions(choice).unbind()[0]
+
+
+def fixed_partition(h: int, w: int, sx: int, sy: int, device: torch.device | str = "cpu") -> Partition:
+    """The partition with every window's top-left token as its destination (tomesd's `no_rand`).
+
+    Example:
+        >>> p = fixed_partition(2, 4, sx=2, sy=2)
+        >>> p.dst_idx.tolist(), sorted(p.src_idx.tolist())
+        ([0, 2], [1, 3, 4, 5, 6, 7])
+    """
+    return GridLayout.build(h, w, sx, sy, device).fixed()
 
 
 def grid_partition(
@@ -97,41 +222,52 @@ def grid_partition(
             window (row-major); `None` takes the top-left token of every window.
 
     Returns:
-        `(dst_idx, src_idx)`: ascending flat token indices, `h//sy * w//sx` destinations and the
-        rest as sources.
+        `(dst_idx, src_idx)`: destinations in window order and the rest as sources.
 
     Example:
         >>> dst, src = grid_partition(2, 4, sx=2, sy=2)
-        >>> dst.tolist(), src.tolist()
+        >>> dst.tolist(), sorted(src.tolist())
         ([0, 2], [1, 3, 4, 5, 6, 7])
     """
-    if choice is None:
-        return _fixed_partition(h, w, sx, sy, torch.device(device))
-    return _partition(h, w, sx, sy, choice)
+    layout = GridLayout.build(h, w, sx, sy, device if choice is None else choice.device)
+    partition = layout.fixed() if choice is None else layout.partitions(choice.reshape(1, -1)).unbind()[0]
+    return partition.dst_idx, partition.src_idx
 
 
-def window_choice(hsy: int, wsx: int, windows: int, key: torch.Tensor) -> torch.Tensor:
-    """A reproducible pseudo-random destination per window, drawn without any RNG state.
+def window_mix(
+    blocks: int, windows: int, seed: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two `(blocks, windows)` long tensors: per (seed, block, window) an odd multiplier and an offset.
 
-    A counter-based hash of `(key, window index)`, computed with int64 tensor ops that never
-    overflow, so it runs on any device, inside `torch.compile`, and never touches the global RNG.
-
-    Args:
-        hsy, wsx: windows per column and per row.
-        windows: the number of choices per window (`sx * sy`).
-        key: long scalar tensor mixing the seed, the timestep and the block.
-
-    Returns:
-        `(hsy, wsx)` long in `[0, windows)`.
+    Built once per grid; `window_choice` turns it and a per-step key into destination places.
     """
-    mask32 = 0xFFFFFFFF
-    x = torch.arange(hsy * wsx, device=key.device, dtype=torch.long)
-    x = (x * 0x2545F491 + key) & mask32
+    x = torch.arange(blocks * windows * 2, device=device, dtype=torch.long) + (seed & 0x7FFFFFFF) * 0x9E3779B1
+    x = (x * 0x2545F491) & _MASK32
     for multiplier in (0x7FEB352D, 0x46B1A4A5):  # two rounds of a 32-bit xorshift-multiply mix
         x = x ^ (x >> 15)
-        x = (x * multiplier) & mask32  # < 2^32 * 2^31, no int64 overflow
+        x = (x * multiplier) & _MASK32  # < 2^32 * 2^31, no int64 overflow
     x = x ^ (x >> 16)
-    return (x % windows).view(hsy, wsx)
+    multiplier, offset = x.view(2, blocks, windows)
+    return multiplier | 1, offset
+
+
+def window_choice(mix: tuple[torch.Tensor, torch.Tensor], key: torch.Tensor | int, places: int) -> torch.Tensor:
+    """A reproducible pseudo-random destination place per block and window, with no RNG state.
+
+    `((a * key + b) >> 16) mod places` for the per-window hash values `(a, b)` of `window_mix`: four
+    integer ops on the device for every block at once, so it runs inside torch.compile, never reads the
+    key back to the host and never touches the global RNG.
+
+    Args:
+        mix: `window_mix(...)`, two `(K, W)` tensors.
+        key: a long tensor of one element, or an int (from the timestep; `mix` holds the seed and block).
+        places: destination places per window (`sx * sy`).
+
+    Returns:
+        `(K, W)` long in `[0, places)`.
+    """
+    multiplier, offset = mix
+    return ((multiplier * key + offset) >> 16) % places  # < 2^32 * 2^31, no int64 overflow
 
 
 def _identity(batch: int, num_tokens: int, device: torch.device, dtype: torch.dtype) -> TokenMerge:
@@ -140,6 +276,71 @@ def _identity(batch: int, num_tokens: int, device: torch.device, dtype: torch.dt
     return TokenMerge(
         rows, torch.ones(batch * num_tokens, 1, device=device, dtype=dtype), batch, num_tokens, num_tokens, row_token
     )
+
+
+def match(
+    metric: torch.Tensor,
+    partition: Partition,
+    r: int,
+    similarity_dtype: torch.dtype | None = None,
+    with_row_token: bool = False,
+) -> TokenMerge:
+    """Merge the `r` sources most similar to a destination into it (the matching of ToMe for SD).
+
+    Each source's best destination is found by cosine similarity of `metric`, and the `r` sources with
+    the highest best similarity are merged into it by mean. Rows of the merged tensor: the destinations,
+    then the unmerged sources from most to least similar.
+
+    Args:
+        metric: `(B, N, C)`, the tokens to compare.
+        partition: the grid's destinations and sources (`GridLayout.fixed`, `GridLayout.partitions`).
+        r: how many tokens to remove, at most the number of sources.
+        similarity_dtype: choose each source's destination on scores in this dtype; see `best_match`.
+        with_row_token: also record `TokenMerge.row_token` (for positional encodings that follow
+            merged rows, as Flux's rotary embeddings).
+    """
+    B, N, _ = metric.shape
+    S, D = partition.num_src, partition.num_dst
+    M = N - r
+    with torch.no_grad():
+        x = metric[:, partition.perm]
+        x = x / x.norm(dim=-1, keepdim=True)  # as tomesd: a zero token only changes which pair is chosen
+        src, dst = x.split((S, D), dim=1)
+        best_score, best_dst = best_match(src, dst, similarity_dtype)
+        order = best_score.argsort(dim=-1, descending=True)
+        rank = order.argsort(dim=-1)
+        # The r best sources go to their destination's row; the others follow the destinations in rank order.
+        src_row = torch.where(rank < r, best_dst, rank + (D - r))
+        dst_row, src_idx = partition.dst_row, partition.src_idx
+        if dst_row.ndim == 1:  # not made `for_batch(B)` in advance
+            dst_row, src_idx = dst_row.expand(B, N), src_idx.expand(B, S)
+        token_row = dst_row.scatter(1, src_idx, src_row)
+        token_row = (token_row + _batch_offsets(B, M, metric.device)).view(-1)
+        row_size = metric.new_zeros(B * M, 1).index_add_(0, token_row, _ones(B * N, metric.device, metric.dtype))
+        row_token = None
+        if with_row_token:
+            kept_src = src_idx.gather(1, order[:, r:])
+            row_token = torch.cat([partition.dst_idx.expand(B, D), kept_src], dim=1)
+    return TokenMerge(token_row, row_size, B, N, M, row_token)
+
+
+_OFFSETS: dict[tuple, torch.Tensor] = {}
+
+
+def _batch_offsets(batch: int, rows: int, device: torch.device) -> torch.Tensor:
+    key = ("offsets", batch, rows, device)
+    cached = _OFFSETS.get(key)
+    if cached is None:
+        cached = _OFFSETS[key] = torch.arange(batch, device=device).view(batch, 1) * rows
+    return cached
+
+
+def _ones(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    key = ("ones", n, device, dtype)
+    cached = _OFFSETS.get(key)
+    if cached is None:
+        cached = _OFFSETS[key] = torch.ones(n, 1, device=device, dtype=dtype)
+    return cached
 
 
 def bipartite_soft_matching_2d(
@@ -156,9 +357,8 @@ def bipartite_soft_matching_2d(
     """Merge `r` source tokens into their most similar destinations (ToMe for SD's matching).
 
     Destinations are one token per `sy x sx` window (`choice`, or the top-left); the others are
-    sources. Each source's best destination is found by cosine similarity of `metric`, and the `r`
-    sources with the highest best-similarity are merged into it by mean. The same partition is
-    used for the whole batch; the matching is per sample.
+    sources. The same partition is used for the whole batch; the matching is per sample. A
+    convenience over `match` that builds the partition on every call (the hooks cache it instead).
 
     Args:
         metric: `(B, N, C)` with `N == h * w`, the tokens to compare.
@@ -166,11 +366,8 @@ def bipartite_soft_matching_2d(
         sx, sy: the window width and height.
         r: how many tokens to remove; clipped to the number of sources.
         choice: see `grid_partition`.
-        similarity_dtype: compute the similarity matrix in this dtype (e.g. bfloat16, faster on
-            CPUs with native bfloat16) to choose each source's destination; the chosen pairs are
-            then scored in the metric's dtype for the ranking. None: the metric's dtype.
-        with_row_token: also record `TokenMerge.row_token` (for positional encodings that follow
-            merged rows, as Flux's rotary embeddings); it costs a sort, so it is off by default.
+        similarity_dtype: see `match`.
+        with_row_token: see `match`.
 
     Returns:
         A `TokenMerge` to merge and unmerge any `(B, N, C)` tensor of the same tokens.
@@ -186,147 +383,12 @@ def bipartite_soft_matching_2d(
         raise ValueError(f"Expected {h * w} tokens for a {h}x{w} grid, but got {N}.")
     if r <= 0 or h // sy == 0 or w // sx == 0:
         return _identity(B, N, metric.device, metric.dtype)
-
-    with torch.no_grad():
-        dst_idx, src_idx = grid_partition(h, w, sx, sy, choice, metric.device)
-        num_dst, num_src = dst_idx.numel(), src_idx.numel()
-        r = min(r, num_src)
-
-        # Cosine similarity: normalise the destinations, and divide each source's best score by its
-        # norm afterwards (cheaper than normalising every source row). The clamp keeps zero vectors finite.
-        eps = torch.finfo(metric.dtype).tiny
-        # Advanced indexing, not `index_select(1, ...)`: the same copy, several times faster on CPU.
-        dst = metric[:, dst_idx]
-        dst = dst / dst.norm(dim=-1, keepdim=True).clamp_min(eps)
-        src = metric[:, src_idx]
-        choose_dtype = None if similarity_dtype == metric.dtype else similarity_dtype
-        best_score, best_dst = _best_match(src, dst, choose_dtype)  # (B, num_src)
-        best_score = best_score / src.norm(dim=-1).clamp_min(eps)
-
-        merged_src = best_score.topk(r, dim=-1).indices  # (B, r)
-        is_merged = torch.zeros(B, num_src, dtype=torch.bool, device=metric.device)
-        is_merged.scatter_(1, merged_src, True)
-
-        # Rows: unmerged sources first (in token order), then one row per destination.
-        num_unmerged = num_src - r
-        unmerged_row = torch.cumsum(~is_merged, dim=1) - 1
-        src_row = torch.where(is_merged, best_dst + num_unmerged, unmerged_row)
-        dst_row = torch.arange(num_unmerged, num_unmerged + num_dst, device=metric.device).expand(B, num_dst)
-
-        num_rows = num_unmerged + num_dst
-        token_row = torch.empty(B, N, dtype=torch.long, device=metric.device)
-        token_row[:, src_idx] = src_row
-        token_row[:, dst_idx] = dst_row
-        token_row += torch.arange(B, device=metric.device).view(B, 1) * num_rows
-        token_row = token_row.view(-1)
-
-        row_size = torch.zeros(B * num_rows, 1, device=metric.device, dtype=metric.dtype)
-        row_size.index_add_(0, token_row, torch.ones(B * N, 1, device=metric.device, dtype=metric.dtype))
-
-        if not with_row_token:  # only positional encodings that follow merged rows need it
-            return TokenMerge(token_row, row_size, B, N, num_rows)
-        # The token each row is kept at, in row order: the unmerged sources, then the destinations.
-        # A stable sort of the merged flags lists the unmerged sources first, in token order (and,
-        # unlike a boolean mask, has a size known in advance).
-        unmerged_first = torch.argsort(is_merged.to(torch.int32), dim=1, stable=True)[:, :num_unmerged]
-        kept_src = src_idx.index_select(0, unmerged_first.reshape(-1)).view(B, num_unmerged)
-        row_token = torch.cat([kept_src, dst_idx.expand(B, num_dst)], dim=1)
-    return TokenMerge(token_row, row_size, B, N, num_rows, row_token)
-
-
-@cache
-def _onednn_linear_works(dtype: torch.dtype) -> bool:
-    # oneDNN's GEMM (`torch.ops.mkldnn._linear_pointwise`, a private op) ran these shapes about twice as
-    # fast as the default float32 BLAS call on some CPUs (AMD EPYC with MKL), with float32 accuracy. It
-    # is private and its dtypes depend on the CPU, so check once per dtype that it runs and agrees
-    # with `matmul` before relying on it.
-    if dtype not in (torch.float32, torch.bfloat16):
-        return False
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    a = torch.linspace(-1, 1, 96).view(8, 12).to(dtype)
-    b = torch.linspace(1, -0.5, 60).view(5, 12).to(dtype)
-    try:
-        with torch.autocast("cpu", enabled=False):  # the reference must be computed in `dtype`
-            out = torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")
-            reference = a @ b.T
-    except (RuntimeError, NotImplementedError):
-        return False
-    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
-    return bool(torch.allclose(out.float(), reference.float(), rtol=tolerance, atol=tolerance))
-
-
-def _use_cpu_gemm(src: torch.Tensor, dtype: torch.dtype) -> bool:
-    # Only where it computes what `matmul` would: on CPU, outside torch.compile and CPU autocast
-    # (which would change `matmul`'s dtype), with oneDNN switched on, and on a non-empty input.
-    return (
-        src.device.type == "cpu"
-        and src.numel() > 0
-        and not _is_compiling()
-        and not _cpu_autocast_enabled()
-        and torch.backends.mkldnn.enabled
-        and _onednn_linear_works(dtype)
-    )
-
-
-def _is_compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    if compiler is not None and hasattr(compiler, "is_compiling"):  # torch >= 2.3
-        return compiler.is_compiling()
-    return torch._dynamo.is_compiling()
-
-
-def _cpu_autocast_enabled() -> bool:
-    try:
-        return torch.is_autocast_enabled("cpu")  # torch >= 2.4
-    except TypeError:
-        return torch.is_autocast_cpu_enabled()
-
-
-def _best_match(
-    src: torch.Tensor, dst: torch.Tensor, choose_dtype: torch.dtype | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """For every source row, its best destination by `src @ dst.T` and that score: `(B, S)` twice.
-
-    With `choose_dtype`, the destination is chosen on scores computed in that (cheaper) dtype, and
-    the chosen pair is then scored in the inputs' dtype, so the ranking of sources stays exact.
-    """
-    if not _use_cpu_gemm(src, choose_dtype or src.dtype):
-        if choose_dtype is None:
-            return (src @ dst.transpose(-1, -2)).max(dim=-1)
-        best_dst = (src.to(choose_dtype) @ dst.to(choose_dtype).transpose(-1, -2)).max(dim=-1).indices
-        return _pair_scores(src, dst, best_dst), best_dst
-    # Per sample, in chunks of source rows small enough that each chunk's scores (and, with
-    # `choose_dtype`, its rows for the exact re-scoring) are still in cache when they are read again
-    # (measured: about 15% faster than one GEMM then one `max`).
-    values, indices = [], []
-    for sample_src, sample_dst in zip(src, dst.contiguous(), strict=True):
-        weight = sample_dst if choose_dtype is None else sample_dst.to(choose_dtype)
-        for chunk in sample_src.split(_CHUNK_ROWS):
-            chunk = chunk.contiguous()
-            scores = torch.ops.mkldnn._linear_pointwise(
-                chunk if choose_dtype is None else chunk.to(choose_dtype), weight, None, "none", [], ""
-            )
-            if choose_dtype is None:
-                best = scores.max(dim=-1)
-                values.append(best.values)
-                indices.append(best.indices)
-            else:
-                best_dst = scores.max(dim=-1).indices
-                values.append((chunk * sample_dst[best_dst]).sum(dim=-1))
-                indices.append(best_dst)
-    return torch.cat(values).view(src.shape[:2]), torch.cat(indices).view(src.shape[:2])
-
-
-def _pair_scores(src: torch.Tensor, dst: torch.Tensor, best_dst: torch.Tensor) -> torch.Tensor:
-    """`src[b, s] . dst[b, best_dst[b, s]]` for every source: `(B, S)`."""
-    B, num_dst = dst.shape[:2]
-    flat = (best_dst + torch.arange(B, device=dst.device).view(B, 1) * num_dst).view(-1)
-    chosen = dst.reshape(B * num_dst, -1).index_select(0, flat).view(src.shape)
-    return (src * chosen).sum(dim=-1)
-
-
-_CHUNK_ROWS = 512
+    layout = GridLayout.build(h, w, sx, sy, metric.device)
+    if choice is None:
+        partition = layout.fixed()
+    else:
+        partition = layout.partitions(choice.reshape(1, -1).to(metric.device)).unbind()[0]
+    return match(metric, partition, min(r, partition.num_src), similarity_dtype, with_row_token)
 
 
 def level_downsample(latent_tokens: int, num_tokens: int) -> int:
