@@ -31,6 +31,7 @@ import torch
 from diffusers.models.attention import BasicTransformerBlock
 from diffusers.models.attention_processor import Attention
 
+from ._similarity import is_compiling
 from .arguments import argument
 from .config import ToMeConfig
 
@@ -295,10 +296,12 @@ class FluxFamily(Family):
             return None
         if ids.ndim == 3:
             ids = ids[0]
+        last = self._last
+        if is_compiling():  # reading ids is a host sync torch.compile cannot trace: the grid an eager call read
+            return last[3] if last is not None and last[2] == x.shape[1] else None
         # Pipelines pass the same img_ids every step: read them once (inference tensors have no
         # version counter to tell an in-place change, so those are read every time).
         version = -1 if ids.is_inference() else ids._version
-        last = self._last
         if last is not None and version >= 0 and last[0]() is ids and last[1:3] == (version, x.shape[1]):
             return last[3]
         grid = grid_from_ids(ids, int(x.shape[1]))
