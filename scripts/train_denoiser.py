@@ -2,7 +2,7 @@
 
 A `UNet2DConditionModel` with the SD1.5 layout (cross-attention blocks on the two upper levels, none
 at the bottom, narrow channels) learns DDPM epsilon-prediction on random RGB crops of photos bundled
-with scikit-image, split by whole photo (`tome_processors.quality.TRAIN_IMAGES` / `HELDOUT_IMAGES`).
+with scikit-image, split by whole photo (`tome_processors.bench.quality.TRAIN_IMAGES` / `HELDOUT_IMAGES`).
 Most steps use 32x32 crops (cheap); every `--big-every`-th step uses 64x64 crops so that the top level
 also learns to attend over 4096 tokens, the size it is measured at. Everything random comes from
 `--seed`; the run is reproducible on one thread.
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 
-from tome_processors.quality import HELDOUT_IMAGES, TRAIN_IMAGES, context_embedding, load_photo
+from tome_processors.bench.quality import HELDOUT_IMAGES, TRAIN_IMAGES, context_embedding, load_photo
 
 CROSS_DIM = 32
 

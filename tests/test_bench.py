@@ -1,4 +1,4 @@
-"""`tome-processors bench`: the CLI end to end on tiny architectures (no timing assertions)."""
+"""`tome-processors bench`: the engine and the CLI end to end on tiny architectures (no timing assertions)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,35 @@ import pytest
 import torch
 from PIL import Image
 
+import tome_processors
 from pipelines import tiny_sd_pipeline
-from tome_processors.bench_methods import baseline_method, mode_methods, ours_methods, tomesd_methods
-from tome_processors.bench_models import build_unet, make_inputs
-from tome_processors.bench_quality import TRAINED_EPS_CHANGE, TRAINED_PSNR_DROP
-from tome_processors.bench_report import markdown_table
-from tome_processors.benchmark import BenchSettings, run_benchmark
-from tome_processors.cli.main import main
+from tome_processors.bench import engine, meta
+from tome_processors.bench.engine import (
+    BenchSettings,
+    Method,
+    Row,
+    _schedule,
+    record_block_inputs,
+    run_benchmark,
+    shared_weight_copy,
+)
+from tome_processors.bench.hostcost import count_aten_ops, measure_host_cost
+from tome_processors.bench.methods import (
+    DEFAULT_MODES,
+    baseline_method,
+    mode_methods,
+    ours_methods,
+    pick_methods,
+    tomesd_methods,
+)
+from tome_processors.bench.models import build_model
+from tome_processors.bench.quality import TRAINED_EPS_CHANGE, TRAINED_PSNR_DROP
+from tome_processors.bench.report import format_number, json_safe, markdown_table, save_json
+from tome_processors.bench.unet import build_unet, make_inputs
+from tome_processors.cli import bench_command
+from tome_processors.cli.main import build_parser, main
+from tome_processors.context import BlockState
+from tome_processors.families import find_family
 
 FAST = ["--quick", "--threads", "1", "--rounds", "1", "--no-progress", "--no-trained-quality"]
 NUMBERS = ("seconds", "speedup", "rel_error", "peak_memory_mib", "memory_before_mib")
@@ -27,9 +49,8 @@ NUMBERS = ("seconds", "speedup", "rel_error", "peak_memory_mib", "memory_before_
 def quick_run(tmp_path_factory):
     """One in-process `bench --quick` run with JSON and plot, shared by the checks below."""
     out = tmp_path_factory.mktemp("bench")
-    code = main(
-        ["bench", *FAST, "--modes", "kv-avg", "bf16", "--json", str(out / "b.json"), "--plot", str(out / "b.png")]
-    )
+    argv = ["bench", *FAST, "--ratios", "0.3", "0.5", "0.7", "--modes", "kv-avg", "bf16"]
+    code = main([*argv, "--json", str(out / "b.json"), "--plot", str(out / "b.png")])
     assert code == 0
     return json.loads((out / "b.json").read_text()), out
 
@@ -142,7 +163,7 @@ def test_engine_extra_metrics_column():
         *mode_methods(["share"], [0.5], 1),
     ]
     settings = BenchSettings(rounds=2, measure_memory=False, progress=False)
-    rows = run_benchmark(unet, methods, lambda: inputs.run(unet), settings, extra_metrics=lambda m: {"quality": 1.5})
+    rows = run_benchmark(unet, methods, inputs.run, settings, extra_metrics=lambda m: {"quality": 1.5})
     assert all(row.extra == {"quality": 1.5} for row in rows)
     # one timed run per round; the baseline before and after the one group of three: 2 x 2
     assert [len(row.times) for row in rows] == [4, 2, 2, 2]
@@ -161,8 +182,6 @@ def test_two_level_mode_reaches_the_second_attention_level():
 
 
 def test_rounds_bracket_every_method_with_baseline_runs():
-    from tome_processors.benchmark import _schedule  # noqa: PLC0415
-
     for round_index in range(4):
         order = _schedule(8, round_index, 3, timed=True)
         assert order[0] == 0 and order[-1] == 0 and sorted(i for i in order if i) == list(range(1, 8))
@@ -179,9 +198,6 @@ def test_each_method_is_paired_with_the_baseline_runs_around_it(monkeypatch):
     # A fake clock that drifts by 10% per forward; every method runs in half the baseline's time at
     # that moment. With one method per group, the mean of the two baseline runs around a method is
     # the baseline's time at the method's own moment, so every paired speed-up is exactly 2.
-    from tome_processors import benchmark  # noqa: PLC0415
-    from tome_processors.benchmark import Method  # noqa: PLC0415
-
     clock = {"calls": 0, "factor": 1.0}
 
     def fake_timed(call, device):
@@ -195,10 +211,147 @@ def test_each_method_is_paired_with_the_baseline_runs_around_it(monkeypatch):
     def restored(unet):
         clock["factor"] = 1.0
 
-    monkeypatch.setattr(benchmark, "_timed", fake_timed)
+    monkeypatch.setattr(engine, "_timed", fake_timed)
     unet = torch.nn.Linear(2, 2)
     methods = [baseline_method()] + [Method(f"half {i}", "half", None, halved, restored) for i in range(3)]
     settings = BenchSettings(rounds=3, measure_memory=False, progress=False, baseline_every=1)
-    rows = run_benchmark(unet, methods, lambda: unet(torch.ones(1, 2)), settings)
+    rows = run_benchmark(unet, methods, lambda model: model(torch.ones(1, 2)), settings)
     assert [row.speedup for row in rows] == pytest.approx([1.0, 2.0, 2.0, 2.0])
     assert [len(row.times) for row in rows] == [12, 3, 3, 3]  # 4 baseline runs per round
+
+
+def test_quick_rows_count_host_cost(quick_run):
+    rows = {row["name"]: row for row in quick_run[0]["rows"]}
+    for row in rows.values():
+        assert isinstance(row["aten_ops"], int) and isinstance(row["sync_ops"], int), row["name"]
+        assert row["cuda_kernels"] is None and row["cuda_syncs"] is None and row["compiles"] is None  # CPU, eager
+    base = rows["baseline"]["aten_ops"]
+    assert base > 100 and rows["baseline"]["sync_ops"] == 0
+    for name in ("ours r=0.5", "tomesd r=0.5", "ours kv-avg"):
+        assert rows[name]["aten_ops"] > base, name  # matching, merging or pooling adds operators
+    assert rows["tomesd r=0.5"]["sync_ops"] == 0 and rows["tomesd r=0.5"]["sync_op_names"] == {}
+    assert all(sum(row["sync_op_names"].values()) == row["sync_ops"] for row in rows.values())
+
+
+def test_host_cost_counts_worked_examples():
+    _, ops, syncs = count_aten_ops(lambda: torch.ones(2, 2) @ torch.ones(2, 2))
+    assert dict(ops) == {"ones": 2, "mm": 1} and not syncs
+    value, cost = measure_host_cost(lambda: torch.ones(3).sum().item(), torch.device("cpu"))
+    assert value == 3.0 and (cost.aten_ops, cost.sync_ops) == (3, 1)
+    assert cost.sync_op_names == {"_local_scalar_dense": 1} and cost.cuda_kernels is None
+    x = torch.arange(6.0)
+    _, cost = measure_host_cost(lambda: x[x > 2] + torch.tensor([1.0]), torch.device("cpu"))
+    assert cost.sync_op_names == {"index (bool mask)": 1, "lift_fresh": 1} and cost.aten_ops == 4  # gt, index, +
+    _, cost = measure_host_cost(lambda: x[torch.tensor([0, 2])].sum() > 1 and x.nonzero(), torch.device("cpu"))
+    assert cost.sync_op_names == {"_local_scalar_dense": 1, "lift_fresh": 1, "nonzero": 1}
+    _, cost = measure_host_cost(lambda: x.view(2, 3).t().contiguous(), torch.device("cpu"))
+    assert (cost.aten_ops, cost.sync_ops) == (3, 0)  # views count: view, t, clone
+
+
+def test_markdown_shows_host_columns_only_when_measured():
+    plain = Row("baseline", "baseline", None, 1.5, 1.0, 0.0)
+    assert "aten ops" not in markdown_table([plain])
+    counted = Row("baseline", "baseline", None, 1.5, 1.0, 0.0, aten_ops=362, sync_ops=0, compiles=0)
+    header, _, line = markdown_table([counted]).splitlines()
+    assert header.endswith("| aten ops | sync ops | compiles |") and "CUDA kernels" not in header
+    assert line.endswith("| 362 | 0 | 0 |")
+
+
+def test_json_writes_infinity_as_a_string_and_nan_as_null(tmp_path):
+    row = Row("x", "ours", 0.5, 1.0, 1.0, math.inf, overhead_share=math.nan, extra={"psnr": -math.inf})
+    data = json.loads(save_json([row], {"note": math.inf}, tmp_path / "r.json").read_text())
+    assert data["meta"] == {"note": "inf"}
+    assert (data["rows"][0]["rel_error"], data["rows"][0]["overhead_share"]) == ("inf", None)
+    assert data["rows"][0]["extra"] == {"psnr": "-inf"}
+    assert json_safe((1, torch.float16)) == [1, "torch.float16"]
+    assert [format_number(v) for v in (None, math.inf, -math.inf, math.nan, 12345.6, 3)] == [
+        "-", "inf", "-inf", "nan", "12346", "3"
+    ]  # fmt: skip
+
+
+def test_overhead_replay_draws_the_merges_of_a_real_forward(monkeypatch):
+    # The replay goes through the library's per-block path (ModelState / BlockState), so on the block
+    # inputs of a forward it must compute exactly the merges that forward computed.
+    unet = build_unet("tiny")
+    inputs = make_inputs(unet, batch=2, resolution=128)
+    seen: list[tuple[int, torch.Tensor]] = []
+    merge_for = BlockState.merge_for
+
+    def spy(self, config):
+        merge = merge_for(self, config)
+        if merge is not None:
+            seen.append((self.index, merge.token_row.clone()))
+        return merge
+
+    monkeypatch.setattr(BlockState, "merge_for", spy)
+    for method in [*ours_methods([0.5], auto_downsample=1), *mode_methods(["share"], [0.7], auto_downsample=1)]:
+        method.apply(unet)
+        try:
+            recording = record_block_inputs(unet, lambda: inputs.run(unet))
+        finally:
+            method.remove(unet)
+        in_forward, seen[:] = list(seen), []
+        method.overhead(recording)()
+        assert len(in_forward) >= 2 and [i for i, _ in seen] == [i for i, _ in in_forward], method.name
+        assert all(torch.equal(a, b) for (_, a), (_, b) in zip(seen, in_forward, strict=True)), method.name
+        seen.clear()
+
+
+def test_compiled_run_keeps_each_method_on_a_shared_weight_copy():
+    torch.set_num_threads(1)
+    unet = build_unet("tiny")
+    inputs = make_inputs(unet, batch=2, resolution=64)
+    copy = shared_weight_copy(unet)
+    assert copy is not unet and copy.conv_in.weight is unet.conv_in.weight
+    methods = [baseline_method(), *ours_methods([0.5], 1), *mode_methods(["kv-avg"], [0.5], 1)]
+    settings = BenchSettings(rounds=2, measure_memory=False, progress=False, compile="default")
+    settings.compile_backend = "eager"  # dynamo traces, no code generation: seconds, not minutes
+    rows = run_benchmark(unet, methods, inputs.run, settings)
+    # warm-up settled every compiled graph: the timed runs reused them, for every method
+    assert [row.compiles for row in rows] == [0, 0, 0]
+    assert rows[0].rel_error == 0.0 and all(0.0 < row.rel_error < 1.0 for row in rows[1:])
+    assert all(row.aten_ops > 0 for row in rows)
+    assert not any("ToMe" in type(p).__name__ for p in unet.attn_processors.values())
+
+
+def test_compile_option_on_the_cli(tmp_path):
+    path = tmp_path / "c.json"
+    argv = ["bench", *FAST, "--ratios", "0.5", "--modes", "none", "--no-tomesd", "--no-memory", "--rounds", "1"]
+    assert main([*argv, "--compile", "--compile-backend", "eager", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert data["meta"]["compile"] == "default (eager)"
+    assert [row["compiles"] for row in data["rows"]] == [0, 0]
+    args = build_parser().parse_args(["bench", "--compile", "reduce-overhead"])
+    assert args.compile == "reduce-overhead"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "--compile", "fastest"])
+
+
+def test_default_and_full_grids():
+    args = build_parser().parse_args(["bench"])
+    bench_command._resolve_defaults(args)
+    assert (args.ratios, args.modes, args.rounds) == ([0.5], list(DEFAULT_MODES), 3)
+    args = build_parser().parse_args(["bench", "--full"])
+    bench_command._resolve_defaults(args)
+    assert args.ratios == [0.3, 0.5, 0.7] and len(args.modes) == 8 and args.rounds == 5
+    args = build_parser().parse_args(["bench", "--full", "--ratios", "0.4", "--rounds", "2"])
+    bench_command._resolve_defaults(args)
+    assert (args.ratios, args.rounds) == ([0.4], 2)
+    unet = build_unet("tiny")
+    methods, notes = pick_methods(unet, find_family(unet))
+    names = ["baseline", "ours r=0.5", "tomesd r=0.5", "ours kv4-avg", "ours kv-nearest"]
+    assert [m.name for m in methods] == names and notes == []
+
+
+def test_half_precision_model_builds_without_the_float32_warning(caplog):
+    for arch in ("sd15", "pixart"):
+        build_model(arch=arch, quick=True, dtype=torch.float16)
+    assert not [r for r in caplog.records if "kept in float32" in r.getMessage()]
+    build_unet("tiny").to(torch.float16)  # diffusers' own cast does warn: the check above can fail
+    assert [r for r in caplog.records if "kept in float32" in r.getMessage()]
+
+
+def test_library_version_falls_back_to_the_source_tree(monkeypatch):
+    assert meta.library_version() in (meta.package_version("tome-processors"), tome_processors.__version__)
+    monkeypatch.setattr(meta, "package_version", lambda name: None)
+    assert meta.library_version() == tome_processors.__version__

@@ -17,8 +17,9 @@ from PIL import Image
 from pipelines import save_tiny_clip, tiny_sd_pipeline
 from tome_processors.cli.eval_command import main as eval_main
 from tome_processors.cli.main import main
-from tome_processors.evaluation import (
+from tome_processors.evaluate.engine import (
     ClipScorer,
+    EvalRow,
     EvalSettings,
     default_prompts,
     eval_configs,
@@ -26,7 +27,7 @@ from tome_processors.evaluation import (
     load_prompts,
     run_eval,
 )
-from tome_processors.evaluation_report import write_reports
+from tome_processors.evaluate.report import write_reports
 
 PROMPTS = ["a red cat", "a blue dog", "a green tree"]
 
@@ -131,4 +132,20 @@ def test_image_change_and_settings_validation():
         EvalSettings(["p"], [0], eval_configs([0.5])[1:])
     with pytest.raises(ValueError, match="seed"):
         EvalSettings(["p"], [], eval_configs([0.5]))
-    assert sys.modules["tome_processors.evaluation"]  # the engine imports without a GPU or a display
+    assert sys.modules["tome_processors.evaluate.engine"]  # the engine imports without a GPU or a display
+
+
+def test_reports_write_infinite_psnr_as_inf(tmp_path):
+    # Identical images have infinite PSNR: "inf" in the JSON and the CSV, as in the bench's JSON.
+    Image.new("RGB", (8, 8), "red").save(tmp_path / "a.png")
+    configs = eval_configs([0.5])
+    rows = [
+        EvalRow(0, "p", 0, config.name, ratio, 1.0, None, psnr, ssim, "a.png")
+        for config, ratio, psnr, ssim in zip(configs, (0.0, 0.5), (None, math.inf), (None, 1.0), strict=True)
+    ]
+    paths = write_reports(rows, configs, tmp_path, {"model": "none"})
+    payload = json.loads(paths["json"].read_text())
+    assert [row["psnr"] for row in payload["rows"]] == [None, "inf"]
+    assert payload["summary"][1]["psnr_mean"] is None  # means are over finite values only
+    with paths["csv"].open() as handle:
+        assert [row["psnr"] for row in csv.DictReader(handle)] == ["", "inf"]

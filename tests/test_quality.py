@@ -14,12 +14,14 @@ import torch
 from diffusers import UNet2DConditionModel
 
 from tome_processors import apply_tome, remove_tome
-from tome_processors.quality import HELDOUT_IMAGES, TRAIN_IMAGES, QualityProbe, denoiser_path
+from tome_processors.bench.quality import HELDOUT_IMAGES, TRAIN_IMAGES, QualityProbe, denoiser_path
+from tome_processors.cli import quality_command
+from tome_processors.cli.main import main
 
-# Every measured value below is printed by `python -m tome_processors.quality --timesteps 300` (this probe);
-# the full four-timestep probe is `python -m tome_processors.quality` (docs/quality.md).
+# Every measured value below is printed by `tome-processors quality --timesteps 300` (this probe);
+# the full four-timestep probe is `tome-processors quality` (docs/quality.md).
 # The test probe: 2 crops of 64x64 (4096 tokens at the top level) per held-out photo, at one mid noise
-# level (alpha_bar 0.59) to stay within the time budget; `python -m tome_processors.quality` measures four.
+# level (alpha_bar 0.59) to stay within the time budget; `tome-processors quality` measures four.
 TEST_TIMESTEPS = (300,)
 
 # ToMe at the default configuration (ratio 0.5): measured relative eps change 0.0139 on this probe
@@ -99,3 +101,17 @@ def test_tomesd_oracle_agrees(probe, tome_default_row):
     assert oracle["eps_rel_change"] == pytest.approx(tome_default_row["eps_rel_change"], rel=TOMESD_RELATIVE_TOLERANCE)
     for t in TEST_TIMESTEPS:
         assert abs(oracle[f"psnr_t{t}"] - tome_default_row[f"psnr_t{t}"]) < PSNR_DROP_BOUND_DB
+
+
+def test_quality_command_prints_the_report(monkeypatch, capsys):
+    calls = []
+
+    def fake_report(per_image, seed, timesteps):
+        calls.append((per_image, seed, list(timesteps)))
+        return "| method | trained eps change |"
+
+    monkeypatch.setattr(quality_command, "report", fake_report)
+    assert main(["quality", "--per-image", "1", "--seed", "3", "--timesteps", "300", "500"]) == 0
+    assert calls == [(1, 3, [300, 500])] and "| method |" in capsys.readouterr().out
+    assert main(["quality", "--per-image", "0"]) == 2 and main(["quality", "--timesteps", "1000"]) == 2
+    assert "error: Expected" in capsys.readouterr().err and len(calls) == 1

@@ -1,1 +1,1 @@
-"""Command-line interface: `tome-processors bench` and `tome-processors eval`."""
+"""Command-line interface, argparse only: `tome-processors bench`, `eval` and `quality`."""

@@ -1,12 +1,15 @@
-"""`tome-processors bench`: speed, memory and output change of the baseline, this library and tomesd, side by side.
+"""`tome-processors bench`: speed, memory, output change and host cost of the baseline, this library and tomesd.
 
 By default it builds the Stable Diffusion 1.5 UNet architecture with random weights (nothing is downloaded)
 and measures one UNet forward at 512 px, batch 2 (a classifier-free-guidance batch), fp32 on CPU or fp16
-on CUDA, for every method in interleaved rounds in one process. See docs/bench.md.
+on CUDA: the baseline, ours and tomesd at ratio 0.5, and the two K/V pooling modes kv4-avg and kv-nearest,
+in interleaved rounds in one process, with the trained-denoiser columns. `--full` measures ratios
+0.3/0.5/0.7 and every mode. See docs/bench.md.
 
 Example:
     $ tome-processors bench                       # SD1.5 architecture, 512 px, batch 2
-    $ tome-processors bench --quick --json b.json --plot b.png
+    $ tome-processors bench --full --json b.json --plot b.png
+    $ tome-processors bench --quick --compile reduce-overhead
     $ tome-processors bench --model ./sd15 --pipeline --prompt "a red fox in the snow"
 """
 
@@ -15,22 +18,32 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import os
-import platform
 import shlex
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
-_DEFAULT_RATIOS = [0.3, 0.5, 0.7]
+from ..bench.engine import BenchSettings, run_benchmark
+from ..bench.generate import generate_grid
+from ..bench.meta import library_version, machine, package_version, resolve_device, resolve_dtype
+from ..bench.methods import DEFAULT_MODES, DEFAULT_RATIOS, FULL_RATIOS, MODES, pick_methods
+from ..bench.models import build_model
+from ..bench.quality import TRAINED_EPS_CHANGE, trained_quality_metrics
+from ..bench.report import markdown_table, meta_lines, save_json, save_plot
+from ..config import ToMeConfig
+
+#: `--compile` without a mode.
+_COMPILE_DEFAULT = "default"
+_COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _listed(values: Any) -> str:
+    return " ".join(str(v) for v in values)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `tome-processors bench`."""
-    from ..bench_methods import DEFAULT_MODES, MODES  # noqa: PLC0415
-
     what = parser.add_argument_group("what to measure")
     what.add_argument("--model", default=None, help="a local diffusers folder (pipeline or unet) or a hub id")
     what.add_argument(
@@ -42,14 +55,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--quick", action="store_true", help="a tiny architecture that finishes in seconds")
     what.add_argument("--resolution", type=int, default=None, help="image side in pixels (default: the model's)")
     what.add_argument("--batch", type=int, default=2, help="UNet batch size (2 = one image with CFG)")
-    what.add_argument("--ratios", type=float, nargs="+", default=_DEFAULT_RATIOS, help="merge ratios")
+    what.add_argument(
+        "--full",
+        action="store_true",
+        help=f"the full grid: ratios {_listed(FULL_RATIOS)} and every mode, 5 rounds (unless given)",
+    )
+    what.add_argument(
+        "--ratios",
+        type=float,
+        nargs="+",
+        default=None,
+        help=f"merge ratios (default {_listed(DEFAULT_RATIOS)}; with --full {_listed(FULL_RATIOS)})",
+    )
     modes = ", ".join(f"{name} ({spec.help})" for name, spec in MODES.items())
     what.add_argument(
         "--modes",
         nargs="+",
-        default=list(DEFAULT_MODES),
+        default=None,
         metavar="MODE",
-        help=f"modes beyond tomesd to add as rows, or 'none': {modes}",
+        help=f"modes beyond tomesd to add as rows, or 'none' (default {' '.join(DEFAULT_MODES)}; "
+        f"with --full all): {modes}",
     )
     what.add_argument("--no-tomesd", action="store_true", help="leave tomesd out even when it is installed")
     what.add_argument(
@@ -59,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     how = parser.add_argument_group("how to measure")
-    how.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5, 3 with --quick)")
+    how.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3, 5 with --full)")
     how.add_argument("--warmup", type=int, default=1, help="untimed forwards per method first")
     how.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
     how.add_argument(
@@ -68,9 +93,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="auto: float16 on CUDA, float32 elsewhere",
     )
+    how.add_argument(
+        "--compile",
+        nargs="?",
+        const=_COMPILE_DEFAULT,
+        default=None,
+        choices=_COMPILE_MODES,
+        metavar="MODE",
+        help=f"torch.compile the baseline and every method alike, with this mode ({', '.join(_COMPILE_MODES)}; "
+        f"default when given without one: {_COMPILE_DEFAULT})",
+    )
+    how.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="the torch.compile backend; 'eager' or 'aot_eager' only trace (graph breaks, recompiles)",
+    )
     how.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
     how.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    how.add_argument("--no-memory", action="store_true", help="skip the peak-memory forwards")
+    how.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    how.add_argument("--no-host-cost", action="store_true", help="skip counting aten ops, syncs and kernels")
     how.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     out = parser.add_argument_group("output")
@@ -91,11 +132,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     gen.add_argument("--grid", default="tome-bench-grid.png", metavar="PATH", help="where to save the image grid")
 
 
+def _resolve_defaults(args: argparse.Namespace) -> None:
+    """Fill the options whose default depends on `--full` / `--quick`."""
+    if args.ratios is None:
+        args.ratios = list(FULL_RATIOS if args.full else DEFAULT_RATIOS)
+    if args.modes is None:
+        args.modes = list(MODES if args.full else DEFAULT_MODES)
+    if args.rounds is None:
+        args.rounds = 5 if args.full else 3
+
+
 def _check(args: argparse.Namespace, fail: Any) -> None:
     """Every option combination that cannot work: `fail(message)` exits with code 2."""
-    from ..bench_methods import MODES, tomesd_available  # noqa: PLC0415
-    from ..config import ToMeConfig  # noqa: PLC0415
-
     cap = ToMeConfig().max_ratio
     if not all(0.0 < r <= cap for r in args.ratios):
         fail(f"Expected --ratios between 0 (exclusive) and {cap:g}, but got {args.ratios}.")
@@ -111,17 +159,15 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
         fail(f"Expected --resolution to be a multiple of 8 and >= 16, but got {args.resolution}.")
     if args.threads is not None and args.threads < 1:
         fail(f"Expected --threads >= 1, but got {args.threads}.")
-    for name in ("batch", "warmup", "steps"):
+    for name in ("batch", "warmup", "steps", "rounds"):
         if getattr(args, name) < 1:
             fail(f"Expected --{name} >= 1, but got {getattr(args, name)}.")
-    if args.rounds is not None and args.rounds < 1:
-        fail(f"Expected --rounds >= 1, but got {args.rounds}.")
     if args.pipeline and args.model is None:
         fail("Expected --model with --pipeline: full generations need real weights (a pipeline folder or hub id).")
+    if args.pipeline and args.compile is not None:
+        fail("Expected --pipeline without --compile: the generations run eagerly, but got both.")
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         fail("Expected matplotlib for --plot, but it is not installed: pip install 'tome-processors[plot]'.")
-    if not args.no_memory and _device(args.device).type == "cpu" and importlib.util.find_spec("psutil") is None:
-        fail("Expected psutil to measure CPU memory, but it is not installed: pip install psutil, or --no-memory.")
     if args.device != "auto":
         try:
             device = torch.device(args.device)
@@ -131,45 +177,9 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
             fail("Expected a CUDA device for --device cuda, but torch sees none.")
         if device.type == "mps" and not torch.backends.mps.is_available():
             fail("Expected an MPS device for --device mps, but torch sees none.")
-    if args.no_tomesd is False and not tomesd_available():
-        print("note: tomesd is not installed (pip install tomesd), so its rows are left out.", file=sys.stderr)
-
-
-def _device(name: str) -> torch.device:
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.float16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
-
-
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _meta(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, model: str, resolution: int) -> dict:
-    accelerator = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
     return {
         "command": "tome-processors " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
@@ -180,121 +190,57 @@ def _meta(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, mo
         "dtype": str(dtype).replace("torch.", ""),
         "rounds": args.rounds,
         "warmup": args.warmup,
-        "machine": f"{platform.platform()}; {accelerator}; {os.cpu_count()} CPUs",
+        "compile": None if args.compile is None else f"{args.compile} ({args.compile_backend})",
+        "machine": machine(device),
         "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
+        "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "diffusers": _version("diffusers"),
-        "tomesd": _version("tomesd"),
-        "tome_processors": _version("tome-processors"),
+        "diffusers": package_version("diffusers"),
+        "tomesd": package_version("tomesd"),
+        "tome_processors": library_version(),
         "memory": "CUDA allocator peak" if device.type == "cuda" else "peak resident set (psutil, sampled every 1 ms)",
     }
 
 
-def _build(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any, str]:
-    """(unet, pipeline or None, model description)."""
-    from ..bench_models import build_unet, load_unet  # noqa: PLC0415
-    from ..bench_transformers import TRANSFORMER_ARCHITECTURES, build_transformer  # noqa: PLC0415
-
-    if args.model is None and args.arch in TRANSFORMER_ARCHITECTURES:
-        model = build_transformer(args.arch, quick=args.quick, seed=args.seed).to(device, dtype)
-        return model, None, f"{args.arch}{' (tiny)' if args.quick else ''} architecture, random weights"
-    if args.model is None:
-        arch = args.arch or "sd15"
-        if args.quick:
-            arch = "tiny-sdxl" if arch == "sdxl" else "tiny"
-        unet = build_unet(arch, seed=args.seed).to(device)
-        return (unet if dtype == torch.float32 else unet.to(dtype)), None, f"{arch} architecture, random weights"
-    if args.pipeline:
-        from diffusers import DiffusionPipeline  # noqa: PLC0415
-
-        pipe = DiffusionPipeline.from_pretrained(args.model, dtype=dtype).to(device)
-        if not isinstance(getattr(pipe, "unet", None), torch.nn.Module):
-            raise SystemExit(f"error: Expected a pipeline with a UNet in {args.model}, but got {type(pipe).__name__}.")
-        return pipe.unet.eval(), pipe, args.model
-    return load_unet(args.model, dtype).to(device), None, args.model
-
-
-def _methods(args: argparse.Namespace, auto_downsample: int, family: Any = None) -> list:
-    from ..bench_methods import (  # noqa: PLC0415
-        MODES,
-        baseline_method,
-        mode_methods,
-        ours_methods,
-        tomesd_available,
-        tomesd_methods,
-    )
-
-    methods = [baseline_method(), *ours_methods(args.ratios, auto_downsample)]
-    unet = family is None or family.name == "unet"
-    if unet and not args.no_tomesd and tomesd_available():  # tomesd patches UNet blocks only
-        methods += tomesd_methods(args.ratios, max_downsample=auto_downsample)
-    modes = [m for m in args.modes if m != "none"]
-    if family is not None and family.merge_only:  # joint attention: no K/V pooling (docs/transformers.md)
-        skipped = [m for m in modes if MODES[m].options.get("mode", "merge") != "merge"]
-        modes = [m for m in modes if m not in skipped]
-        if skipped:
-            print(f"note: modes {skipped} do not apply to {family.name} and are left out.", file=sys.stderr)
-    return methods + mode_methods(modes, args.ratios, auto_downsample)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, write the optional files. Returns an exit code."""
-    from diffusers.models.attention_processor import AttnProcessor2_0  # noqa: PLC0415
-
-    from ..bench_models import make_inputs  # noqa: PLC0415
-    from ..bench_quality import TRAINED_EPS_CHANGE  # noqa: PLC0415
-    from ..bench_report import markdown_table, meta_lines, save_json, save_plot  # noqa: PLC0415
-    from ..bench_transformers import QUICK_TEXT_TOKENS, make_transformer_inputs  # noqa: PLC0415
-    from ..benchmark import BenchSettings, run_benchmark  # noqa: PLC0415
-    from ..families import (
-        attention_levels,  # noqa: PLC0415
-        find_family,  # noqa: PLC0415
-    )
-
     parser = getattr(args, "parser", None)
     args.argv = getattr(args, "argv", None)
+    _resolve_defaults(args)
     _check(args, parser.error if parser is not None else _exit_2)
-    if args.rounds is None:
-        args.rounds = 3 if args.quick else 5
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    device = _device(args.device)
-    dtype = _dtype(args.dtype, device)
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
 
-    unet, pipe, model = _build(args, device, dtype)
-    family = find_family(unet)
-    transformer = family is not None and family.name != "unet"
-    if not transformer:  # diffusion transformers keep their own processors (SD3 and Flux need them)
-        unet.set_attn_processor(AttnProcessor2_0())
-    sample_size = getattr(unet.config, "sample_size", None) or 128  # Flux has none: 1024 px
-    sample_size = sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size
-    resolution = args.resolution or (128 if args.quick else int(sample_size) * 8)
-    if transformer:
-        text_tokens = QUICK_TEXT_TOKENS if args.quick else None
-        inputs = make_transformer_inputs(
-            unet, family.name, args.batch, resolution, args.seed, device, dtype, text_tokens=text_tokens
-        )
-    else:
-        inputs = make_inputs(unet, args.batch, resolution, seed=args.seed, device=device, dtype=dtype)
-    levels = attention_levels(unet)
-    methods = _methods(args, min(levels) if levels else 1, family)
+    bench = build_model(
+        args.model, args.arch, args.quick, args.pipeline, args.resolution, args.batch, args.seed, device, dtype
+    )
+    modes = [m for m in args.modes if m != "none"]
+    methods, notes = pick_methods(bench.model, bench.family, args.ratios, modes, with_tomesd=not args.no_tomesd)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
 
     settings = BenchSettings(
-        rounds=args.rounds, warmup=args.warmup, measure_memory=not args.no_memory, progress=not args.no_progress
+        rounds=args.rounds,
+        warmup=args.warmup,
+        measure_memory=not args.no_memory,
+        host_cost=not args.no_host_cost,
+        progress=not args.no_progress,
+        compile=args.compile,
+        compile_backend=args.compile_backend,
     )
+    unet = bench.family is None or bench.family.name == "unet"
     extra_metrics = None
-    if not (args.no_trained_quality or transformer):
+    if not (args.no_trained_quality or not unet):
         if importlib.util.find_spec("skimage") is None:
             print('note: the trained-denoiser columns need scikit-image: pip install "tome-processors[bench]".')
         else:
-            from ..bench_quality import trained_quality_metrics  # noqa: PLC0415
-
             extra_metrics = trained_quality_metrics()
     elif args.plot_error == "trained":
         print("note: --plot-error trained needs the trained-quality columns; plotting the random-weight error.")
-    rows = run_benchmark(unet, methods, lambda: inputs.run(unet), settings, extra_metrics=extra_metrics)
-    meta = _meta(args, device, dtype, model, resolution)
+    rows = run_benchmark(bench.model, methods, bench.forward, settings, extra_metrics=extra_metrics)
+    meta = _meta(args, device, dtype, bench.description, bench.resolution)
 
     print(markdown_table(rows))
     print()
@@ -302,14 +248,12 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(f"JSON: {save_json(rows, meta, args.json)}")
     if args.plot:
-        title = f"{model}, {resolution} px, batch {args.batch}, {meta['dtype']} on {device.type}"
+        title = f"{bench.description}, {bench.resolution} px, batch {args.batch}, {meta['dtype']} on {device.type}"
         error_key = TRAINED_EPS_CHANGE if args.plot_error == "trained" and extra_metrics is not None else None
         print(f"plot: {save_plot(rows, args.plot, title, error_key=error_key)}")
-    if pipe is not None:
-        from ..bench_pipeline import generate_grid  # noqa: PLC0415
-
+    if bench.pipe is not None:
         results = generate_grid(
-            pipe, methods, args.prompt, args.grid, args.steps, args.guidance_scale, resolution, args.seed
+            bench.pipe, methods, args.prompt, args.grid, args.steps, args.guidance_scale, bench.resolution, args.seed
         )
         print()
         print("| method | s/image |\n|---|---|")

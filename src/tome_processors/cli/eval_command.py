@@ -8,6 +8,13 @@ import sys
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
+from diffusers import DiffusionPipeline
+
+from ..bench.meta import resolve_dtype
+from ..config import ToMeConfig
+from ..evaluate.engine import ClipScorer, EvalSettings, eval_configs, load_prompts, run_eval
+from ..evaluate.report import write_reports
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,13 +38,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the evaluation; the main process writes the reports. Returns an exit code."""
-    from accelerate import PartialState  # noqa: PLC0415
-    from diffusers import DiffusionPipeline  # noqa: PLC0415
-
-    from ..config import ToMeConfig  # noqa: PLC0415
-    from ..evaluation import ClipScorer, EvalSettings, eval_configs, load_prompts, run_eval  # noqa: PLC0415
-    from ..evaluation_report import write_reports  # noqa: PLC0415
-
     prompts = load_prompts(args.prompts)[: args.limit]
     configs = eval_configs(args.ratios, mode=args.mode) if _valid_ratios(args.ratios) else None
     if configs is None:
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     state = PartialState(cpu=not torch.cuda.is_available())
-    dtype = _dtype(args.dtype, state.device)
+    dtype = resolve_dtype(args.dtype, state.device)
     pipe = DiffusionPipeline.from_pretrained(args.model, dtype=dtype).to(state.device)
     pipe.set_progress_bar_config(disable=True)
     scorer = ClipScorer(args.clip_model, state.device) if args.clip_model else None
@@ -82,15 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _valid_ratios(ratios: list[float]) -> bool:
-    from ..config import ToMeConfig  # noqa: PLC0415
-
     return all(0 <= r <= ToMeConfig().max_ratio for r in ratios)
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.float16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,9 @@
-"""The `tome-processors` command: `bench` (speed against output change) and `eval` (quality on real prompts).
+"""The `tome-processors` command: `bench` (speed against output change), `eval` (quality on real prompts) and
+`quality` (the shipped trained denoiser).
 
 Example:
     $ tome-processors bench --quick
+    $ tome-processors quality --timesteps 300
     $ python -m tome_processors bench --ratios 0.3 0.5 --rounds 3 --json bench.json
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench_command, eval_command
+from . import bench_command, eval_command, quality_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tome-processors",
         description="Token Merging for diffusers: benchmark it against the baseline and tomesd, or evaluate it.",
     )
-    commands = parser.add_subparsers(dest="command", metavar="{bench,eval}")
+    commands = parser.add_subparsers(dest="command", metavar="{bench,eval,quality}")
     commands.required = True
     bench = commands.add_parser(
         "bench",
@@ -37,6 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     eval_command.add_arguments(evaluate)
     evaluate.set_defaults(handler=eval_command.run)
+    quality = commands.add_parser(
+        "quality",
+        help="merging measured on the small denoiser trained on photos that ships with the package (offline)",
+        description=quality_command.__doc__,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    quality_command.add_arguments(quality)
+    quality.set_defaults(handler=quality_command.run)
     return parser
 
 

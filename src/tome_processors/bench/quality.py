@@ -9,9 +9,12 @@ bundled with scikit-image) and measures, on crops of photos it never saw:
 - the relative change of its noise prediction against the unmerged model,
   `||eps_method - eps_base|| / ||eps_base||`.
 
+`report()` is `tome-processors quality`; `trained_quality_metrics()` gives the bench its two trained-model
+columns, measured with the very same probe.
+
 Example:
     >>> from tome_processors import apply_tome, remove_tome
-    >>> from tome_processors.quality import QualityProbe
+    >>> from tome_processors.bench.quality import QualityProbe
     >>> probe = QualityProbe.default()
     >>> row = probe.measure(lambda unet: apply_tome(unet, ratio=0.5), remove_tome)
     >>> sorted(row)[:3]
@@ -23,9 +26,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from diffusers import DDPMScheduler, UNet2DConditionModel
+
+from ..apply import apply_tome, remove_tome
+from .engine import Method
 
 # The split is by whole photo: no crop of a held-out photo is ever seen in training.
 # `cat` is the same photo as `chelsea`, so it is in neither list.
@@ -215,8 +223,6 @@ class QualityProbe:
             >>> probe.crops.shape
             torch.Size([6, 3, 64, 64])
         """
-        from diffusers import DDPMScheduler, UNet2DConditionModel
-
         folder = denoiser_path()
         unet = UNet2DConditionModel.from_pretrained(folder, torch_dtype=torch.float32)
         if random_weights:
@@ -354,7 +360,7 @@ def _without_top_self_attention() -> tuple[Callable[[torch.nn.Module], object], 
 
 
 def reference_methods() -> dict[str, tuple[Callable[[torch.nn.Module], object], Callable[[torch.nn.Module], object]]]:
-    """Named (apply, remove) pairs measured by `python -m tome_processors.quality`.
+    """Named (apply, remove) pairs measured by `tome-processors quality`.
 
     tomesd is included when it is installed (it is a test dependency). The last entry is a reference,
     not a method: the top level's self-attention switched off, to show how much the model relies on
@@ -364,7 +370,6 @@ def reference_methods() -> dict[str, tuple[Callable[[torch.nn.Module], object], 
         >>> "tome r=0.5" in reference_methods()
         True
     """
-    from .apply import apply_tome, remove_tome
 
     def tome(**options: object) -> tuple[Callable[[torch.nn.Module], object], Callable[[torch.nn.Module], object]]:
         return (lambda unet: apply_tome(unet, **options)), remove_tome
@@ -448,22 +453,33 @@ def report(per_image: int = 2, seed: int = 0, timesteps: Sequence[int] = DEFAULT
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m tome_processors.quality`: print the report."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description="Quality of token merging on the shipped trained denoiser.")
-    parser.add_argument("--per-image", type=int, default=2, help="held-out crops per photo")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--timesteps", type=int, nargs="+", default=list(DEFAULT_TIMESTEPS), help="noise levels to measure at"
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(report(args.per_image, args.seed, args.timesteps))
+#: Bench column: relative change of the trained denoiser's noise prediction, in percent.
+TRAINED_EPS_CHANGE = "trained eps change %"
+#: Bench column: drop of the x0 PSNR on held-out crops, in dB (positive = worse than unmerged).
+TRAINED_PSNR_DROP = "trained PSNR drop dB"
 
 
-if __name__ == "__main__":
-    main()
+def trained_quality_metrics(**probe_options: Any) -> Callable[[Method], dict[str, float]]:
+    """A bench `extra_metrics` callable that measures each method on the shipped trained denoiser.
+
+    Random-weight models have no natural token redundancy, so their output error can rank methods
+    differently from a trained model. The probe (`QualityProbe.default(**probe_options)`: the denoiser,
+    held-out crops, fixed noise) is loaded once; each call applies the method to the denoiser, measures
+    how much it changes the noise prediction and lowers the x0 PSNR, and removes it again.
+
+    Example:
+        >>> from tome_processors.bench.methods import baseline_method
+        >>> metrics = trained_quality_metrics(timesteps=(500,))
+        >>> metrics(baseline_method())[TRAINED_EPS_CHANGE]
+        0.0
+    """
+    probe = QualityProbe.default(**probe_options)
+
+    def metrics(method: Method) -> dict[str, float]:
+        measured = probe.measure(method.apply, method.remove)
+        return {
+            TRAINED_EPS_CHANGE: 100.0 * measured["eps_rel_change"],
+            TRAINED_PSNR_DROP: measured["psnr_drop"],
+        }
+
+    return metrics

@@ -18,24 +18,48 @@ from typing import Any
 
 import torch
 
-from .bench_report import save_grid
-from .benchmark import Method
+from .engine import Method
+from .report import save_grid
 
-__all__ = ["generate_grid"]
+__all__ = ["generate_grid", "generate_image"]
 
 
-def _generate(pipe: Any, prompt: str, steps: int, guidance_scale: float, resolution: int, seed: int) -> Any:
-    device = pipe.device
+def generate_image(
+    pipe: Any,
+    prompt: str,
+    seed: int,
+    steps: int,
+    guidance_scale: float,
+    height: int | None = None,
+    width: int | None = None,
+    **call_kwargs: Any,
+) -> tuple[Any, float]:
+    """One image of `prompt` from `seed` (a generator on the pipeline's device; on MPS, the CPU's).
+
+    `height` / `width` None use the pipeline's defaults. Timed end to end (text encoder, every denoising
+    step, VAE decode), with a device synchronise before and after on CUDA.
+
+    Returns:
+        `(PIL image, seconds)`.
+    """
+    device = getattr(pipe, "device", torch.device("cpu"))
     generator = torch.Generator(device="cpu" if device.type == "mps" else device).manual_seed(seed)
+    kwargs: dict[str, Any] = dict(
+        num_inference_steps=steps, guidance_scale=guidance_scale, generator=generator, output_type="pil"
+    )
+    if height is not None:
+        kwargs["height"] = height
+    if width is not None:
+        kwargs["width"] = width
+    kwargs.update(call_kwargs)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
     with torch.inference_mode():
-        return pipe(
-            prompt,
-            num_inference_steps=steps,
-            guidance_scale=guidance_scale,
-            height=resolution,
-            width=resolution,
-            generator=generator,
-        ).images[0]
+        image = pipe(prompt, **kwargs).images[0]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return image, time.perf_counter() - start
 
 
 def generate_grid(
@@ -55,16 +79,12 @@ def generate_grid(
     """
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
-    _generate(pipe, prompt, min(steps, 2), guidance_scale, resolution, seed)  # warm-up
+    generate_image(pipe, prompt, seed, min(steps, 2), guidance_scale, resolution, resolution)  # warm-up
     images, labels, results = [], [], []
     for method in methods:
         method.apply(pipe.unet)
         try:
-            start = time.perf_counter()
-            image = _generate(pipe, prompt, steps, guidance_scale, resolution, seed)
-            if pipe.device.type == "cuda":
-                torch.cuda.synchronize(pipe.device)
-            seconds = time.perf_counter() - start
+            image, seconds = generate_image(pipe, prompt, seed, steps, guidance_scale, resolution, resolution)
         finally:
             method.remove(pipe.unet)
         images.append(image)

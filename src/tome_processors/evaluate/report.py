@@ -10,7 +10,10 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from .evaluation import EvalConfig, EvalRow, summarize
+from PIL import Image, ImageDraw
+
+from ..bench.report import format_number, json_safe
+from .engine import EvalConfig, EvalRow, summarize
 
 
 def write_reports(
@@ -36,7 +39,7 @@ def write_reports(
             writer.writerow({k: _csv_value(v) for k, v in asdict(row).items()})
 
     payload = {"meta": meta, "summary": summary, "rows": [asdict(r) for r in rows]}
-    paths["json"].write_text(json.dumps(_json_safe(payload), indent=2), encoding="utf-8")
+    paths["json"].write_text(json.dumps(json_safe(payload), indent=2, allow_nan=False), encoding="utf-8")
 
     paths.update(_plots(summary, out_dir))
     paths.update(_grids(rows, configs, out_dir))
@@ -50,22 +53,8 @@ def _csv_value(value: Any) -> Any:
     return "" if value is None else value
 
 
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else "inf"
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
-
-
 def _fmt(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return "inf" if math.isinf(value) else f"{value:.{digits}f}"
-    return str(value)
+    return format_number(value, digits, fixed=True)
 
 
 def _markdown(summary: list[dict[str, Any]], meta: dict[str, Any], paths: dict[str, Path], out_dir: Path) -> str:
@@ -95,10 +84,10 @@ def _markdown(summary: list[dict[str, Any]], meta: dict[str, Any], paths: dict[s
 
 def _plots(summary: list[dict[str, Any]], out_dir: Path) -> dict[str, Path]:
     try:
-        import matplotlib  # noqa: PLC0415
+        import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
+        import matplotlib.pyplot as plt
     except ImportError:  # plots are optional: the tables carry the same numbers
         return {}
     paths = {}
@@ -132,8 +121,6 @@ def _plots(summary: list[dict[str, Any]], out_dir: Path) -> dict[str, Path]:
 
 
 def _grids(rows: Sequence[EvalRow], configs: Sequence[EvalConfig], out_dir: Path) -> dict[str, Path]:
-    from PIL import Image, ImageDraw  # noqa: PLC0415
-
     paths = {}
     names = [c.name for c in configs]
     for prompt_index in sorted({r.prompt_index for r in rows}):

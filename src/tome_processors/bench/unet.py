@@ -1,4 +1,4 @@
-"""Models and fixed inputs for `tome-processors bench`: real UNet architectures with random weights, or a user's.
+"""UNets and fixed inputs for `tome-processors bench`: real UNet architectures with random weights, or a user's.
 
 Nothing is downloaded unless `--model` names a hub id. The architectures follow the published configs of
 Stable Diffusion 1.5, 2.x and XL (channels, heads, cross-attention width, transformer depth); their weights

@@ -1,15 +1,19 @@
 """The methods `tome-processors bench` compares: the baseline, this library, tomesd, and modes beyond tomesd.
 
-Each builder returns `Method`s (see `benchmark.py`) that another tool can reuse, e.g. to add a quality
-column computed on a trained model with the very same configurations.
+Each builder returns `Method`s (see `engine.py`) that another tool can reuse, e.g. to add a quality
+column computed on a trained model with the very same configurations. `pick_methods` is the bench's
+choice of rows for a model.
 
 The `overhead` of each method does, on the block inputs recorded in the reference forward, the tensor
-work the method adds to one UNet forward, and nothing else:
+work the method adds to one forward, and nothing else:
 
-- this library (`mode="merge"`): per merged block, the destination choice (`window_choice`), the matching
-  (`bipartite_soft_matching_2d`), one merge and one unmerge per merged module (self-attention by default);
-  with `share_level`, one matching per level;
-- this library (`mode="downsample_kv"`): per pooled block, the K/V pooling (`pool_tokens`);
+- this library (`mode="merge"`): the library's own per-block path, replayed: one `ModelState` per
+  model, `begin` once per forward with the recorded grid and timestep, and per block a `BlockState`
+  given the recorded block input, whose `merge_for(config)` draws the destinations, matches and keeps
+  the merge exactly as in a forward (so `share_level` matches once per level); then one merge and one
+  unmerge per merged module (self-attention by default);
+- this library (`mode="downsample_kv"`): per pooled block (the library's `BlockState.grid` and
+  `applies`), the K/V pooling (`pool_tokens`);
 - tomesd: per merged block, `tomesd.merge.bipartite_soft_matching_random2d` and its merge and unmerge.
 
 Example:
@@ -27,25 +31,26 @@ from typing import Any
 
 import torch
 
-from .apply import apply_tome, remove_tome
-from .benchmark import BlockInput, Method
-from .config import ToMeConfig
-from .context import BlockState, ModelState
-from .merge import pool_tokens
+from ..apply import apply_tome, remove_tome
+from ..config import ToMeConfig
+from ..context import BlockState, ModelState
+from ..families import Family
+from ..merge import pool_tokens
+from .engine import BlockInput, Method, Recording, begin_forward
+from .meta import package_version
 
 __all__ = [
     "MODES",
     "DEFAULT_MODES",
+    "DEFAULT_RATIOS",
     "baseline_method",
     "mode_methods",
     "ours_method",
     "ours_methods",
+    "pick_methods",
     "tomesd_available",
     "tomesd_methods",
 ]
-
-#: The timestep `UNetInputs` uses; the overhead replays the merge at this step.
-BENCH_TIMESTEP = 500
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +106,11 @@ MODES: dict[str, ModeSpec] = {
         "both of the above",
     ),
 }
-DEFAULT_MODES = ("kv-avg", "kv-avg-2lv", "kv-nearest", "kv4-avg", "bf16")
+#: The modes of a default run: the fastest K/V pooling and the most faithful one (docs/benchmarks.md).
+DEFAULT_MODES = ("kv4-avg", "kv-nearest")
+#: The ratios of a default run; `--full` measures `FULL_RATIOS` and every mode.
+DEFAULT_RATIOS = (0.5,)
+FULL_RATIOS = (0.3, 0.5, 0.7)
 
 
 def _nothing(unet: torch.nn.Module) -> None:
@@ -113,50 +122,35 @@ def baseline_method() -> Method:
     return Method("baseline", "baseline", None, _nothing, _nothing, settings={"processor": "AttnProcessor2_0"})
 
 
-def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Sequence[BlockInput]], Callable[[], Any]]:
+def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Recording], Callable[[], Any]]:
     merges_per_block = int(config.merge_attn) + int(config.merge_crossattn) + int(config.merge_mlp)
-    max_downsample = auto_downsample if config.max_downsample == "auto" else int(config.max_downsample)
 
-    def build(blocks: Sequence[BlockInput]) -> Callable[[], Any]:
-        targets = []
-        for index, block in enumerate(blocks):
-            if block.h == 0:
-                continue
-            level_ratio = config.level_ratio(block.downsample, max_downsample)
-            r = int(block.tokens.shape[1] * config.ratio_at(level_ratio, BENCH_TIMESTEP))
-            if level_ratio > 0 and (r > 0 or config.mode == "downsample_kv"):
-                # The processor merges the normalised hidden states, a contiguous tensor; the recorded
-                # block input may be a channels-first view, whose merge would add a copy.
-                targets.append((index, block, r, _hidden(block)))
-
+    def build(recording: Recording) -> Callable[[], Any]:
         state = ModelState(config=config, auto_downsample=auto_downsample)
-        block_states = [BlockState(state, index) for index in range(len(blocks))]
-        first = next((block for _, block, _, _ in targets), None)
-        latent_hw = (first.h * first.downsample, first.w * first.downsample) if first is not None else (0, 0)
+        targets = [(BlockState(state, block.index), block) for block in recording.blocks if block.h]
 
         def run() -> None:
             with torch.inference_mode():
-                if config.mode == "downsample_kv":
-                    for _, block, _, hidden in targets:
-                        pool_tokens(hidden, block.h, block.w, config.kv_factor, config.kv_pool)
-                    return
-                # Through the library's own per-block path, so the replay cannot drift from it.
-                state.begin(latent_hw, BENCH_TIMESTEP)
-                for index, block, _, hidden in targets:
-                    block_state = block_states[index]
-                    block_state.reset()
-                    block_state.metric = block.tokens
-                    merge = block_state.merge_for(config)
-                    for _ in range(merges_per_block if merge is not None else 0):
-                        merge.unmerge(merge.merge(hidden))
+                begin_forward(state, recording.latent_hw, recording.timestep)
+                for block, recorded in targets:
+                    block.reset()
+                    if config.mode == "downsample_kv":
+                        grid = block.grid(recorded.hidden.shape[1])
+                        if grid is not None and block.applies(config, grid):
+                            pool_tokens(recorded.hidden, grid.h, grid.w, config.kv_factor, config.kv_pool)
+                        continue
+                    # The metric is the raw block input; the processor merges the normalised hidden
+                    # states, a contiguous tensor (the recorded input may be a channels-first view).
+                    block.metric = recorded.tokens
+                    merge = block.merge_for(config)
+                    block.reset()
+                    if merge is not None:
+                        for _ in range(merges_per_block):
+                            merge.unmerge(merge.merge(recorded.hidden))
 
         return run
 
     return build
-
-
-def _hidden(block: BlockInput) -> torch.Tensor:
-    return block.hidden if block.hidden is not None else block.tokens.contiguous()
 
 
 def ours_method(config: ToMeConfig, family: str, auto_downsample: int, name: str | None = None) -> Method:
@@ -207,13 +201,13 @@ def tomesd_available() -> bool:
     return importlib.util.find_spec("tomesd") is not None
 
 
-def _tomesd_overhead(ratio: float, max_downsample: int) -> Callable[[Sequence[BlockInput]], Callable[[], Any]]:
-    from tomesd.merge import bipartite_soft_matching_random2d  # noqa: PLC0415
+def _tomesd_overhead(ratio: float, max_downsample: int) -> Callable[[Recording], Callable[[], Any]]:
+    from tomesd.merge import bipartite_soft_matching_random2d
 
-    def build(blocks: Sequence[BlockInput]) -> Callable[[], Any]:
-        targets = [
-            (b, int(b.tokens.shape[1] * ratio), _hidden(b)) for b in blocks if b.h and b.downsample <= max_downsample
-        ]
+    def build(recording: Recording) -> Callable[[], Any]:
+        blocks: Sequence[BlockInput] = recording.blocks
+        merged = [b for b in blocks if b.h and b.downsample <= max_downsample]
+        targets = [(b, int(b.tokens.shape[1] * ratio), b.hidden) for b in merged]
         device = blocks[0].tokens.device if blocks else torch.device("cpu")
         generator = torch.Generator(device=device).manual_seed(0)
 
@@ -239,7 +233,7 @@ def tomesd_methods(ratios: Sequence[float], max_downsample: int) -> list[Method]
         >>> [m.name for m in tomesd_methods([0.5], max_downsample=1)]  # doctest: +SKIP
         ['tomesd r=0.5']
     """
-    import tomesd  # noqa: PLC0415
+    import tomesd
 
     methods = []
     for ratio in ratios:
@@ -247,7 +241,7 @@ def tomesd_methods(ratios: Sequence[float], max_downsample: int) -> list[Method]
         def apply(unet: torch.nn.Module, ratio: float = float(ratio)) -> None:
             tomesd.apply_patch(unet, ratio=ratio, max_downsample=max_downsample)
 
-        settings = {"ratio": float(ratio), "max_downsample": max_downsample, "version": _version("tomesd")}
+        settings = {"ratio": float(ratio), "max_downsample": max_downsample, "version": package_version("tomesd")}
         methods.append(
             Method(
                 f"tomesd r={ratio:g}",
@@ -262,10 +256,46 @@ def tomesd_methods(ratios: Sequence[float], max_downsample: int) -> list[Method]
     return methods
 
 
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+def pick_methods(
+    model: torch.nn.Module,
+    family: Family | None,
+    ratios: Sequence[float] = DEFAULT_RATIOS,
+    modes: Sequence[str] = DEFAULT_MODES,
+    with_tomesd: bool = True,
+) -> tuple[list[Method], list[str]]:
+    """The bench's rows for `model`: the baseline, ours at each ratio, tomesd (UNets only) and the modes.
 
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None
+    `max_downsample="auto"` and tomesd's `max_downsample` both come from the family's
+    `auto_downsample(model)` (the first level with attention). Modes that the family cannot run (K/V
+    pooling on joint attention) are left out.
+
+    Returns:
+        `(methods, notes)`: the notes say what was left out and why.
+
+    Example:
+        >>> from tome_processors.bench.unet import build_unet
+        >>> from tome_processors.families import find_family
+        >>> unet = build_unet("tiny")
+        >>> methods, notes = pick_methods(unet, find_family(unet), [0.5], ["kv-avg"], with_tomesd=False)
+        >>> [m.name for m in methods], notes
+        (['baseline', 'ours r=0.5', 'ours kv-avg'], [])
+    """
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"Expected modes among {sorted(MODES)}, but got {list(modes)}.")
+    auto_downsample = family.auto_downsample(model) if family is not None else 1
+    notes: list[str] = []
+    methods = [baseline_method(), *ours_methods(ratios, auto_downsample)]
+    if with_tomesd:
+        if family is not None and family.name != "unet":
+            pass  # tomesd patches UNet blocks only
+        elif tomesd_available():
+            methods += tomesd_methods(ratios, max_downsample=auto_downsample)
+        else:
+            notes.append("tomesd is not installed (pip install tomesd), so its rows are left out.")
+    if family is not None and family.merge_only:  # joint attention: no K/V pooling (docs/transformers.md)
+        skipped = [m for m in modes if MODES[m].options.get("mode", "merge") != "merge"]
+        modes = [m for m in modes if m not in skipped]
+        if skipped:
+            notes.append(f"modes {skipped} do not apply to {family.name} and are left out.")
+    return methods + mode_methods(modes, ratios, auto_downsample), notes

@@ -1,8 +1,11 @@
 """Rendering of `tome-processors bench` results: markdown table, JSON, speed-up/error plot, image grid.
 
+`json_safe` and `format_number` are also what `tome-processors eval` writes its reports with: infinity
+is the string `"inf"` in JSON (a PSNR between identical images), NaN is `null`.
+
 Example:
     >>> print(markdown_table(rows))  # doctest: +SKIP
-    | method | ratio | s/forward | speed-up | error % | overhead % | peak MiB |
+    | method | ratio | s/forward | speed-up | error % | overhead % | peak MiB | aten ops | sync ops |
     ...
 """
 
@@ -15,19 +18,39 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .benchmark import Row
+from PIL import Image, ImageDraw
 
-__all__ = ["save_grid", "save_json", "save_plot", "markdown_table", "meta_lines"]
+from .engine import Row
+
+__all__ = ["format_number", "json_safe", "markdown_table", "meta_lines", "save_grid", "save_json", "save_plot"]
 
 _COLUMNS = ("method", "ratio", "s/forward", "speed-up", "error %", "overhead %", "peak MiB")
+#: Host-cost columns: (header, Row attribute); a column is shown when any row has a value.
+_HOST_COLUMNS = (
+    ("aten ops", "aten_ops"),
+    ("sync ops", "sync_ops"),
+    ("CUDA kernels", "cuda_kernels"),
+    ("CUDA syncs", "cuda_syncs"),
+    ("compiles", "compiles"),
+)
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
+def format_number(value: Any, digits: int = 3, fixed: bool = False) -> str:
+    """A table cell: `-` for None, `inf` / `-inf` / `nan`, floats to `digits` significant digits (or decimals).
+
+    Example:
+        >>> format_number(None), format_number(math.inf), format_number(0.012345), format_number(2.5, 2, fixed=True)
+        ('-', 'inf', '0.0123', '2.50')
+    """
     if value is None:
         return "-"
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        if fixed:
+            return f"{value:.{digits}f}"
         return f"{value:.{digits}g}" if abs(value) < 1e4 else f"{value:.0f}"
     return str(value)
 
@@ -43,23 +66,25 @@ def markdown_table(rows: Sequence[Row]) -> str:
     """A markdown table, one line per row; `Row.extra` metrics become extra columns.
 
     Example:
-        >>> from tome_processors.benchmark import Row
+        >>> from tome_processors.bench.engine import Row
         >>> print(markdown_table([Row("baseline", "baseline", None, 1.5, 1.0, 0.0)]).splitlines()[2])
         | baseline | - | 1.500 | 1.00x | 0.00 | - | - |
     """
     extra = _extra_keys(rows)
-    header = [*_COLUMNS, *extra]
+    host = [(title, key) for title, key in _HOST_COLUMNS if any(getattr(row, key) is not None for row in rows)]
+    header = [*_COLUMNS, *(title for title, _ in host), *extra]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [
             row.name,
-            _fmt(row.ratio),
+            format_number(row.ratio),
             f"{row.seconds:.3f}",
             f"{row.speedup:.2f}x",
             f"{100 * row.rel_error:.2f}",
             "-" if row.overhead_share is None else f"{100 * row.overhead_share:.2f}",
             "-" if row.peak_memory_mib is None else f"{row.peak_memory_mib:.0f}",
-            *(_fmt(row.extra.get(k)) for k in extra),
+            *(format_number(getattr(row, key)) for _, key in host),
+            *(format_number(row.extra.get(k)) for k in extra),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -70,13 +95,19 @@ def meta_lines(meta: dict[str, Any]) -> str:
     return "\n".join(f"- {key}: {value}" for key, value in meta.items())
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """`value` made strict JSON: infinity as `"inf"` / `"-inf"`, NaN as None, keys and unknown objects as strings.
+
+    Example:
+        >>> json_safe({"psnr": math.inf, "x": [math.nan, -math.inf, 1.5], 2: (True, None)})
+        {'psnr': 'inf', 'x': [None, '-inf', 1.5], '2': [True, None]}
+    """
     if isinstance(value, float) and not math.isfinite(value):
-        return None
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     return str(value)
@@ -86,8 +117,8 @@ def save_json(rows: Sequence[Row], meta: dict[str, Any], path: str | Path) -> Pa
     """`{"meta": {...}, "rows": [every Row field, extra metrics under "extra"]}` written to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"meta": _json_safe(meta), "rows": [_json_safe(asdict(row)) for row in rows]}
-    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    payload = {"meta": json_safe(meta), "rows": [json_safe(asdict(row)) for row in rows]}
+    path.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n", encoding="utf-8")
     return path
 
 
@@ -97,10 +128,10 @@ def save_plot(rows: Sequence[Row], path: str | Path, title: str = "", error_key:
     `error_key` names an extra metric (already in percent) to use as the x axis instead of the
     random-weight relative error, e.g. the trained denoiser's noise-prediction change.
     """
-    import matplotlib  # noqa: PLC0415
+    import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    import matplotlib.pyplot as plt
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +166,6 @@ def save_plot(rows: Sequence[Row], path: str | Path, title: str = "", error_key:
 
 def save_grid(images: Sequence[Any], labels: Sequence[str], path: str | Path, columns: int = 4) -> Path:
     """PIL images side by side (at least 160 px wide each), each with its label (may hold `\\n`) below it."""
-    from PIL import Image, ImageDraw  # noqa: PLC0415
 
     if len(images) != len(labels) or not images:
         raise ValueError(f"Expected as many labels as images (> 0), but got {len(images)} and {len(labels)}.")

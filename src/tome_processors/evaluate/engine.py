@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -21,9 +20,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from accelerate import PartialState
+from accelerate.utils import gather_object
+from tqdm.auto import tqdm
+from transformers import CLIPModel, CLIPProcessor
 
-from .apply import apply_tome, remove_tome
-from .config import ToMeConfig
+from ..apply import apply_tome, remove_tome
+from ..bench.generate import generate_image
+from ..config import ToMeConfig
 
 BASELINE = "baseline"
 
@@ -117,8 +121,6 @@ class ClipScorer:
     """
 
     def __init__(self, model_path: str, device: torch.device | str = "cpu") -> None:
-        from transformers import CLIPModel, CLIPProcessor  # noqa: PLC0415
-
         self.device = torch.device(device)
         self.model = CLIPModel.from_pretrained(model_path).to(self.device).eval()
         self.processor = CLIPProcessor.from_pretrained(model_path)
@@ -153,7 +155,7 @@ def image_change(image: Any, reference: Any) -> tuple[float, float]:
 
     Identical images have infinite PSNR, reported as `math.inf`.
     """
-    from skimage.metrics import peak_signal_noise_ratio, structural_similarity  # noqa: PLC0415
+    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
     a, b = np.asarray(image), np.asarray(reference)
     if a.shape != b.shape:
@@ -187,10 +189,6 @@ def run_eval(
     Returns:
         All rows on the main process (gathered from every process), this process's rows elsewhere.
     """
-    from accelerate import PartialState  # noqa: PLC0415
-    from accelerate.utils import gather_object  # noqa: PLC0415
-    from tqdm.auto import tqdm  # noqa: PLC0415
-
     state = state or PartialState(cpu=not torch.cuda.is_available())
     out_dir = Path(out_dir)
     items = [(p, seed) for p in range(len(settings.prompts)) for seed in settings.seeds]
@@ -218,7 +216,16 @@ def _measure_item(pipe, settings, out_dir, clip_scorer, prompt_index, seed, proc
             remove_tome(pipe)
         else:
             apply_tome(pipe, config.tome)
-        image, seconds = _generate(pipe, settings, prompt, seed)
+        image, seconds = generate_image(
+            pipe,
+            prompt,
+            seed,
+            settings.steps,
+            settings.guidance_scale,
+            settings.height,
+            settings.width,
+            **settings.extra_call_kwargs,
+        )
         path = out_dir / "images" / _slug(config.name) / f"p{prompt_index:03d}_s{seed}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         image.save(path)
@@ -243,29 +250,6 @@ def _measure_item(pipe, settings, out_dir, clip_scorer, prompt_index, seed, proc
             )
         )
     return rows
-
-
-def _generate(pipe: Any, settings: EvalSettings, prompt: str, seed: int) -> tuple[Any, float]:
-    device = getattr(pipe, "device", torch.device("cpu"))
-    generator = torch.Generator(device="cpu" if device.type == "mps" else device).manual_seed(seed)
-    kwargs = dict(
-        num_inference_steps=settings.steps,
-        guidance_scale=settings.guidance_scale,
-        generator=generator,
-        output_type="pil",
-        **settings.extra_call_kwargs,
-    )
-    if settings.height is not None:
-        kwargs["height"] = settings.height
-    if settings.width is not None:
-        kwargs["width"] = settings.width
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    image = pipe(prompt, **kwargs).images[0]
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return image, time.perf_counter() - start
 
 
 def summarize(rows: Sequence[EvalRow], configs: Sequence[EvalConfig]) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel
 
 __all__ = [
     "QUICK_TEXT_TOKENS",
@@ -85,10 +86,11 @@ TEXT_TOKENS = {"pixart": 120, "sd3": 333, "flux": 512}
 QUICK_TEXT_TOKENS = 16
 
 
-def _model_class(arch: str) -> type:
-    from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel  # noqa: PLC0415
-
-    return {"pixart": PixArtTransformer2DModel, "sd3": SD3Transformer2DModel, "flux": FluxTransformer2DModel}[arch]
+_MODEL_CLASSES: dict[str, type] = {
+    "pixart": PixArtTransformer2DModel,
+    "sd3": SD3Transformer2DModel,
+    "flux": FluxTransformer2DModel,
+}
 
 
 def build_transformer(arch: str, quick: bool = False, seed: int = 0) -> torch.nn.Module:
@@ -101,7 +103,7 @@ def build_transformer(arch: str, quick: bool = False, seed: int = 0) -> torch.nn
     if arch not in _FULL:
         raise ValueError(f"Expected arch among {sorted(_FULL)}, but got {arch!r}.")
     torch.manual_seed(seed)
-    return _model_class(arch)(**(_QUICK if quick else _FULL)[arch]).eval()
+    return _MODEL_CLASSES[arch](**(_QUICK if quick else _FULL)[arch]).eval()
 
 
 @dataclass

@@ -1,0 +1,675 @@
+"""The measuring engine of `tome-processors bench`: methods in, one row of numbers per method out.
+
+A `Method` is anything that can be put on a model and taken off again (the baseline, this library at a
+ratio, tomesd, a mode). `run_benchmark` measures every method on the same model and the same fixed
+inputs, in one process:
+
+1. A reference forward of the first method (the baseline) gives the reference output and records the
+   input of every transformer block (`Recording`), for the overhead measurement.
+2. Warm-up: every method runs `warmup` times. Each method's first output gives its fidelity, the
+   relative L2 error `||out - out_ref|| / ||out_ref||`.
+3. Rounds: each round runs every method once, in an order rotated by one place per round, so no
+   method always runs first or right after the same neighbour, and the baseline again before every
+   `baseline_every` methods and at the end, so that each method sits between two baseline runs.
+   Right after its forward, a method's merge work alone (`Method.overhead`) is timed on the
+   recorded block inputs.
+4. Inspection: one more forward per method, untimed: its peak memory (the CUDA allocator's peak, or on
+   CPU the peak resident set sampled by a background thread) and its host cost (`hostcost.py`: aten
+   ops, host-sync ops, and on CUDA kernels and host syncs).
+
+Speed-up is paired: the median over rounds of `baseline time / method time`, the baseline time being
+the mean of the two baseline runs around the method, a few forwards apart. So drifts in machine
+load (on a shared VM they come and go within a minute) mostly cancel out.
+
+With `BenchSettings.compile`, each method is put on its own copy of the model that shares the weights
+(`shared_weight_copy`), stays applied for the whole run and is compiled with `torch.compile`, the
+baseline the same way; warm-up rounds repeat until a whole round compiles nothing, and `Row.compiles`
+counts the compilations that still happened during the method's timed runs.
+
+Example:
+    >>> rows = run_benchmark(unet, methods, inputs.run, BenchSettings(rounds=3))  # doctest: +SKIP
+    >>> rows[1].speedup  # doctest: +SKIP
+    1.13
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import gc
+import inspect
+import itertools
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import psutil
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+from tqdm.auto import tqdm
+
+from ..config import ToMeConfig
+from ..context import BlockState, ModelState
+from ..families import find_family
+from .hostcost import HostCost, measure_host_cost
+
+__all__ = [
+    "BenchSettings",
+    "BlockInput",
+    "Method",
+    "Recording",
+    "Row",
+    "record_block_inputs",
+    "relative_error",
+    "run_benchmark",
+    "shared_weight_copy",
+]
+
+
+class BlockInput(NamedTuple):
+    """What one transformer block saw in the reference forward.
+
+    Attributes:
+        index: the block's position in the model family's block list (`Family.blocks`), as the
+            library's `BlockState` numbers it.
+        tokens: `(B, N, C)` the raw block input (a copy, in the block input's memory layout, which
+            is channels-first in UNets: the matching reads it as it is).
+        h, w: the block's token grid (`h * w == N`), or 0, 0 when it is not a grid of the latent.
+        downsample: the level's downsample factor (1 at the latent resolution), 0 when not a grid.
+        hidden: the same values, contiguous, like the normalised hidden states that the processor
+            merges; one copy shared by every method's overhead replay.
+    """
+
+    index: int
+    tokens: torch.Tensor
+    h: int
+    w: int
+    downsample: int
+    hidden: torch.Tensor
+
+
+class Recording(NamedTuple):
+    """The reference forward: its output and what the library's per-forward state was given.
+
+    Attributes:
+        output: the model's output.
+        latent_hw: the token grid of the forward (a UNet's latent, a transformer's patch grid).
+        timestep: the timestep as the family reads it from the model's arguments.
+        blocks: every block call, in call order.
+    """
+
+    output: Any
+    latent_hw: tuple[int, int] | None
+    timestep: Any
+    blocks: list[BlockInput]
+
+
+@dataclass
+class Method:
+    """One configuration to measure: how to put it on a model and take it off.
+
+    Attributes:
+        name: unique label of the row, e.g. `"ours r=0.5"`.
+        family: the curve it belongs to in the plot, e.g. `"ours"` or `"tomesd"`.
+        ratio: the merge ratio, or None where there is none (baseline, K/V pooling).
+        apply: puts the method on a model (changes it in place).
+        remove: takes it off again, leaving the baseline model.
+        overhead: optional; given the reference `Recording`, returns a callable that does the method's
+            own extra tensor work of one forward (matching, merge, unmerge, pooling) on those block inputs.
+        settings: what to record about the method in the JSON (e.g. its `ToMeConfig` fields).
+
+    Example:
+        >>> from tome_processors import apply_tome, remove_tome
+        >>> Method("ours r=0.5", "ours", 0.5, lambda u: apply_tome(u, ratio=0.5), remove_tome)  # doctest: +ELLIPSIS
+        Method(name='ours r=0.5', ...)
+    """
+
+    name: str
+    family: str
+    ratio: float | None
+    apply: Callable[[torch.nn.Module], Any]
+    remove: Callable[[torch.nn.Module], Any]
+    overhead: Callable[[Recording], Callable[[], Any]] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Row:
+    """The measurements of one method.
+
+    Attributes:
+        name, family, ratio: from the `Method`.
+        seconds: median time of one forward over the rounds.
+        speedup: median over rounds of the baseline's time (the mean of the two baseline runs
+            around this method) divided by this method's.
+        rel_error: `||out - out_ref|| / ||out_ref||` of the model output on the same inputs.
+        peak_memory_mib: CUDA allocator peak, or peak resident set on CPU, during one forward.
+        memory_before_mib: the same quantity just before that forward (weights, inputs, caches).
+        overhead_seconds: median time of the method's own merge work per forward (None if it has none).
+        overhead_share: median over rounds of overhead time / the paired baseline forward time.
+        aten_ops: aten operators dispatched in one forward (views included).
+        sync_ops: of those, the ones that make the host wait for the device or copy Python data to it
+            (`hostcost.HOST_SYNC_OPS`, boolean-mask indexing).
+        sync_op_names: `{op name: count}` of those.
+        cuda_kernels: CUDA kernels launched in one forward (CUDA only).
+        cuda_syncs: host-device synchronisations in one forward, from CUDA's sync debug mode (CUDA only).
+        compiles: with `BenchSettings.compile`, dynamo compilations during this method's timed runs
+            (0 when the compiled graphs were reused); None without compilation.
+        times: the forward time of every timed run, in seconds (one per round; the baseline runs
+            several times per round).
+        overhead_times: the overhead time of every round, in seconds.
+        extra: further metrics from `extra_metrics(method)` (empty unless given).
+        settings: from the `Method`.
+    """
+
+    name: str
+    family: str
+    ratio: float | None
+    seconds: float
+    speedup: float
+    rel_error: float
+    peak_memory_mib: float | None = None
+    memory_before_mib: float | None = None
+    overhead_seconds: float | None = None
+    overhead_share: float | None = None
+    aten_ops: int | None = None
+    sync_ops: int | None = None
+    sync_op_names: dict[str, int] = field(default_factory=dict)
+    cuda_kernels: int | None = None
+    cuda_syncs: int | None = None
+    compiles: int | None = None
+    times: list[float] = field(default_factory=list)
+    overhead_times: list[float] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class BenchSettings:
+    """How to measure.
+
+    Attributes:
+        rounds: timed rounds (each runs every method once).
+        warmup: untimed forwards per method before the rounds (at least 1: fidelity comes from it).
+        measure_memory: measure peak memory in the inspection forward.
+        host_cost: count the host cost (aten ops, syncs, CUDA kernels) in the inspection forward.
+        memory_interval: seconds between resident-set samples on CPU.
+        progress: show a tqdm progress bar (with the time left).
+        baseline_every: in each timed round, run the baseline again after every this many methods
+            (and at the end); each method is paired with the mean of the two baseline runs around it.
+        compile: None (eager), or a `torch.compile` mode (`"default"`, `"reduce-overhead"`,
+            `"max-autotune-no-cudagraphs"`, ...) applied to the baseline and to every method alike.
+        compile_backend: the `torch.compile` backend (`"inductor"`; `"eager"` or `"aot_eager"` trace
+            without generating code, to check graph breaks and recompiles cheaply).
+        max_compile_warmup: with `compile`, at most this many warm-up rounds in all while a round
+            still compiles something.
+    """
+
+    rounds: int = 3
+    warmup: int = 1
+    measure_memory: bool = True
+    host_cost: bool = True
+    memory_interval: float = 0.001
+    progress: bool = True
+    baseline_every: int = 3
+    compile: str | None = None
+    compile_backend: str = "inductor"
+    max_compile_warmup: int = 5
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.baseline_every, int) and self.baseline_every >= 1):
+            raise ValueError(f"Expected baseline_every to be an integer >= 1, but got {self.baseline_every!r}.")
+        if not (isinstance(self.rounds, int) and self.rounds >= 1):
+            raise ValueError(f"Expected rounds to be an integer >= 1, but got {self.rounds!r}.")
+        if not (isinstance(self.warmup, int) and self.warmup >= 1):
+            raise ValueError(f"Expected warmup to be an integer >= 1, but got {self.warmup!r}.")
+        if not (isinstance(self.max_compile_warmup, int) and self.max_compile_warmup >= self.warmup):
+            raise ValueError(
+                f"Expected max_compile_warmup to be an integer >= warmup ({self.warmup}), "
+                f"but got {self.max_compile_warmup!r}."
+            )
+
+
+def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
+    """`||out - reference|| / ||reference||` in float64.
+
+    Example:
+        >>> relative_error(torch.tensor([3.0, 4.0]), torch.tensor([3.0, 0.0]))
+        1.3333333333333333
+    """
+    reference = reference.double()
+    return float((out.double() - reference).norm() / reference.norm().clamp_min(1e-300))
+
+
+def begin_forward(state: ModelState, latent_hw: tuple[int, int], timestep: Any) -> None:
+    """`state.begin(latent_hw, timestep)`, as the library's model hook calls it once per forward.
+
+    TEMPORARY ADAPTER, delete at merge: until the core's `ModelState.begin` takes `(latent_hw, timestep)`
+    it still takes `(latent_hw, device, timestep, read_timestep)`; this calls whichever is there, passing
+    what the library's model hook passes. After the merge, call `state.begin(latent_hw, timestep)` directly.
+    """
+    if "read_timestep" in inspect.signature(state.begin).parameters:
+        device = timestep.device if isinstance(timestep, torch.Tensor) else torch.device("cpu")
+        state.begin(latent_hw, device, timestep, state.config.needs_step_count)
+    else:
+        state.begin(latent_hw, timestep)
+
+
+def record_block_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> Recording:
+    """Run `forward()` once and record the token grid, the timestep and the raw input of every block.
+
+    Which blocks count, the token grid and the timestep come from the model's family
+    (`tome_processors.families`); each block's grid from the library's `BlockState.grid`.
+    """
+    family = find_family(model)  # UNet: the latent; diffusion transformers: the patch grid
+    state = ModelState(config=ToMeConfig())
+    seen: list[BlockInput] = []
+    forward_args: list[tuple[tuple[int, int], Any]] = []
+
+    def model_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        grid = family.token_grid(module, args, kwargs)
+        if grid is not None:
+            timestep = family.timestep(args, kwargs)
+            forward_args.append((grid, timestep))
+            begin_forward(state, grid, timestep)
+
+    def block_hook(index: int, args: tuple, kwargs: dict) -> None:
+        tokens = args[0] if args else kwargs.get("hidden_states")
+        if not isinstance(tokens, torch.Tensor) or tokens.ndim != 3 or not forward_args:
+            return
+        grid = BlockState(state, index).grid(tokens.shape[1])
+        h, w, downsample = (grid.h, grid.w, grid.downsample) if grid is not None else (0, 0, 0)
+        copy_ = tokens.detach().clone()
+        seen.append(BlockInput(index, copy_, h, w, downsample, copy_.contiguous()))
+
+    handles = []
+    if family is not None:
+        handles.append(model.register_forward_pre_hook(model_hook, with_kwargs=True))
+        for index, site in enumerate(family.blocks(model)):
+            hook = _bind_index(block_hook, index)
+            handles.append(site.module.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        out = forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    latent_hw, timestep = forward_args[-1] if forward_args else (None, None)
+    return Recording(out, latent_hw, timestep, seen)
+
+
+def _bind_index(hook: Callable[[int, tuple, dict], None], index: int) -> Callable[..., None]:
+    def bound(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        hook(index, args, kwargs)
+
+    return bound
+
+
+def shared_weight_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of `model` whose parameters and buffers are the original's tensors (no memory for weights).
+
+    Each copy can carry its own method (processors, hooks, patched classes) while all share one set of
+    weights: the compiled bench keeps every method applied on its own copy, so no compiled graph is
+    invalidated by putting a method on or taking it off.
+
+    Example:
+        >>> base = torch.nn.Linear(2, 2)
+        >>> shared_weight_copy(base).weight is base.weight
+        True
+    """
+    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _timed(call: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    _synchronize(device)
+    start = time.perf_counter()
+    out = call()
+    _synchronize(device)
+    return out, time.perf_counter() - start
+
+
+class _ResidentSetSampler:
+    """Samples the process's resident set size from a background thread; `peak` in bytes."""
+
+    def __init__(self, interval: float) -> None:
+        self._process = psutil.Process()
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.before = self._process.memory_info().rss
+        self.peak = self.before
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._process.memory_info().rss)
+            self._stop.wait(self._interval)
+
+    def __enter__(self) -> _ResidentSetSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._process.memory_info().rss)
+
+
+def _release_cpu_memory() -> None:
+    """Return freed heap memory to the OS (glibc), so each method starts from the same resident set."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+@contextmanager
+def _peak_memory(device: torch.device, interval: float, enabled: bool) -> Iterator[list[float | None]]:
+    """Measures the peak memory of the enclosed forward: yields `[peak, before]` in MiB, filled on exit."""
+    result: list[float | None] = [None, None]
+    mib = 1024.0**2
+    if not enabled:
+        yield result
+    elif device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        yield result
+        torch.cuda.synchronize(device)
+        result[:] = [torch.cuda.max_memory_allocated(device) / mib, before / mib]
+    else:
+        _release_cpu_memory()
+        with _ResidentSetSampler(interval) as sampler:
+            yield result
+        result[:] = [sampler.peak / mib, sampler.before / mib]
+
+
+def _schedule(n: int, round_index: int, baseline_every: int, timed: bool) -> list[int]:
+    """The order of method indices in one round (0 is the baseline).
+
+    Warm-up: every method once, rotated. Timed: the other methods rotated by one place per round,
+    in groups of `baseline_every`, with the baseline before each group and after the last.
+
+    Example:
+        >>> _schedule(6, 1, 2, timed=True)
+        [0, 2, 3, 0, 4, 5, 0, 1, 0]
+    """
+    if not timed:
+        shift = round_index % n
+        return list(range(shift, n)) + list(range(shift))
+    others = list(range(1, n))
+    if not others:
+        return [0]
+    shift = round_index % len(others)
+    others = others[shift:] + others[:shift]
+    order = [0]
+    for start in range(0, len(others), baseline_every):
+        order += [*others[start : start + baseline_every], 0]
+    return order
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _compilations() -> int:
+    """Frames dynamo has compiled in this process so far."""
+    return int(counters["stats"]["unique_graphs"])
+
+
+class _Models:
+    """The model each method runs on.
+
+    Eager: one model; a method is applied right before its forward and removed right after it.
+    Compiled: each method stays applied on its own shared-weight copy, compiled once.
+    """
+
+    def __init__(self, model: torch.nn.Module, methods: Sequence[Method], settings: BenchSettings) -> None:
+        self.model = model
+        self.methods = methods
+        self.compiled: list[torch.nn.Module] = []
+        self._copies: list[torch.nn.Module] = []
+        if settings.compile is None:
+            return
+        try:
+            for method in methods:
+                copy_ = shared_weight_copy(model)
+                self._copies.append(copy_)
+                method.apply(copy_)
+                mode = None if settings.compile == "default" else settings.compile
+                self.compiled.append(torch.compile(copy_, mode=mode, backend=settings.compile_backend))
+        except BaseException:
+            self.close()
+            raise
+
+    @contextmanager
+    def use(self, i: int) -> Iterator[torch.nn.Module]:
+        if self.compiled:
+            yield self.compiled[i]
+            return
+        self.methods[i].apply(self.model)
+        try:
+            yield self.model
+        finally:
+            self.methods[i].remove(self.model)
+
+    def close(self) -> None:
+        for method, copy_ in zip(self.methods, self._copies, strict=False):
+            method.remove(copy_)
+        self._copies.clear()
+        self.compiled.clear()
+
+
+@contextmanager
+def _dynamo_limits(methods: int, enabled: bool) -> Iterator[None]:
+    """Room in dynamo's per-function cache for one compiled graph per method (the default keeps 8)."""
+    if not enabled:
+        yield
+        return
+    limit = max(8, 2 * methods)
+    with torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=max(256, 8 * limit)):
+        yield
+
+
+def run_benchmark(
+    model: torch.nn.Module,
+    methods: Sequence[Method],
+    forward: Callable[[torch.nn.Module], torch.Tensor],
+    settings: BenchSettings | None = None,
+    extra_metrics: Callable[[Method], dict[str, Any]] | None = None,
+) -> list[Row]:
+    """Measure every method on `model` with the same `forward(model)` (fixed inputs); one `Row` per method.
+
+    Args:
+        model: the model the methods are put on; it must be in its baseline state.
+        methods: the first one is the reference (the baseline): its output is the fidelity reference
+            and its times the speed-up's denominator.
+        forward: runs one forward of the model it is given on fixed inputs and returns the output tensor.
+        settings: rounds, warm-up, memory, host cost, compilation.
+        extra_metrics: optional; called once per method after the measurements (with the method not
+            applied; it may apply it itself, e.g. to a pipeline) and its dict is stored in `Row.extra`
+            and shown as extra columns.
+
+    Example:
+        >>> rows = run_benchmark(unet, [baseline, ours], inputs.run)  # doctest: +SKIP
+    """
+    settings = settings or BenchSettings()
+    if not methods:
+        raise ValueError("Expected at least one method (the baseline first), but got none.")
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"Expected unique method names, but got {names}.")
+    n = len(methods)
+
+    inspect_forwards = n if settings.measure_memory or settings.host_cost else 0
+    schedules = [_schedule(n, r, settings.baseline_every, False) for r in range(settings.warmup)]
+    schedules += [_schedule(n, r, settings.baseline_every, True) for r in range(settings.rounds)]
+    total = 1 + sum(len(order) for order in schedules) + inspect_forwards + (n if extra_metrics is not None else 0)
+    bar = tqdm(total=total, unit="fwd", disable=not settings.progress, leave=False)
+
+    try:
+        bar.set_description("reference")
+        methods[0].apply(model)
+        try:
+            recording = record_block_inputs(model, lambda: forward(model))
+        finally:
+            methods[0].remove(model)
+        bar.update(1)
+        reference = recording.output.detach().clone()
+        recording = recording._replace(output=None)
+        overhead_calls = [m.overhead(recording) if m.overhead is not None else None for m in methods]
+        with _dynamo_limits(n, settings.compile is not None):
+            models = _Models(model, methods, settings)
+            try:
+                measured = _measure(models, methods, forward, reference, overhead_calls, schedules, settings, bar)
+            finally:
+                models.close()
+        extra: list[dict[str, Any]] = []
+        for method in methods:
+            bar.set_description(f"extra metrics: {method.name}")
+            extra.append(dict(extra_metrics(method)) if extra_metrics is not None else {})
+            bar.update(1 if extra_metrics is not None else 0)
+    finally:
+        bar.close()
+    return [_row(method, measured, i, extra[i]) for i, method in enumerate(methods)]
+
+
+@dataclass
+class _Measured:
+    errors: list[float | None]
+    times: list[list[float]]
+    paired_base: list[list[float]]
+    overhead_times: list[list[float]]
+    compiles: list[int | None]
+    memory: list[tuple[float | None, float | None]]
+    host: list[HostCost | None]
+
+
+def _measure(
+    models: _Models,
+    methods: Sequence[Method],
+    forward: Callable[[torch.nn.Module], torch.Tensor],
+    reference: torch.Tensor,
+    overhead_calls: Sequence[Callable[[], Any] | None],
+    schedules: list[list[int]],
+    settings: BenchSettings,
+    bar: Any,
+) -> _Measured:
+    n = len(methods)
+    device = next(models.model.parameters()).device
+    compiled = settings.compile is not None
+    m = _Measured(
+        errors=[None] * n,
+        times=[[] for _ in range(n)],
+        paired_base=[[] for _ in range(n)],
+        overhead_times=[[] for _ in range(n)],
+        compiles=[0 if compiled else None] * n,
+        memory=[(None, None)] * n,
+        host=[None] * n,
+    )
+
+    def run(i: int, timed: bool) -> float:
+        before = _compilations() if compiled else 0
+        with models.use(i) as current:
+            out, seconds = _timed(lambda: forward(current), device)
+        if compiled and timed:
+            m.compiles[i] += _compilations() - before
+        if m.errors[i] is None:
+            m.errors[i] = relative_error(out, reference)
+        del out
+        if timed and overhead_calls[i] is not None:
+            m.overhead_times[i].append(_timed(overhead_calls[i], device)[1])
+        bar.update(1)
+        return seconds
+
+    warmups = settings.warmup
+    for round_index, order in enumerate(schedules[:warmups]):
+        bar.set_description(f"warm-up {round_index + 1}")
+        for i in order:
+            run(i, timed=False)
+    # Compiled: warm up again until a whole round compiles nothing (guards settling), within the limit.
+    extra_round = warmups
+    while compiled and extra_round < settings.max_compile_warmup:
+        before = _compilations()
+        bar.set_description(f"warm-up {extra_round + 1} (compiling)")
+        bar.total += n
+        bar.refresh()
+        for i in _schedule(n, extra_round, settings.baseline_every, False):
+            run(i, timed=False)
+        extra_round += 1
+        if _compilations() == before:
+            break
+
+    for round_index, order in enumerate(schedules[warmups:]):
+        bar.set_description(f"round {round_index + 1}")
+        # Timed: baseline, a few methods, baseline, ... (the schedule starts and ends with the
+        # baseline); each method is paired with the mean of the baseline runs around its group.
+        pending: list[tuple[int, float]] = []
+        previous = 0.0
+        for i in order:
+            seconds = run(i, timed=True)
+            if i != 0:
+                pending.append((i, seconds))
+                continue
+            m.times[0].append(seconds)
+            m.paired_base[0].append(seconds)
+            for j, method_seconds in pending:
+                m.times[j].append(method_seconds)
+                m.paired_base[j].append((previous + seconds) / 2)
+            pending, previous = [], seconds
+
+    if settings.measure_memory or settings.host_cost:
+        for i, method in enumerate(methods):
+            bar.set_description(f"inspection: {method.name}")
+            with models.use(i) as current:
+                with _peak_memory(device, settings.memory_interval, settings.measure_memory) as memory:
+                    if settings.host_cost:
+                        out, m.host[i] = measure_host_cost(lambda: forward(current), device)
+                    else:
+                        out = forward(current)
+                    del out
+            m.memory[i] = (memory[0], memory[1])
+            bar.update(1)
+    return m
+
+
+def _row(method: Method, m: _Measured, i: int, extra: dict[str, Any]) -> Row:
+    speedups = [b / t for b, t in zip(m.paired_base[i], m.times[i], strict=True)]
+    shares = [o / b for o, b in zip(m.overhead_times[i], m.paired_base[i], strict=False)]
+    host = m.host[i]
+    return Row(
+        name=method.name,
+        family=method.family,
+        ratio=method.ratio,
+        seconds=statistics.median(m.times[i]),
+        speedup=statistics.median(speedups),
+        rel_error=float(m.errors[i]),
+        peak_memory_mib=m.memory[i][0],
+        memory_before_mib=m.memory[i][1],
+        overhead_seconds=_median(m.overhead_times[i]),
+        overhead_share=_median(shares),
+        aten_ops=None if host is None else host.aten_ops,
+        sync_ops=None if host is None else host.sync_ops,
+        sync_op_names={} if host is None else dict(host.sync_op_names),
+        cuda_kernels=None if host is None else host.cuda_kernels,
+        cuda_syncs=None if host is None else host.cuda_syncs,
+        compiles=m.compiles[i],
+        times=m.times[i],
+        overhead_times=m.overhead_times[i],
+        extra=extra,
+        settings=dict(method.settings),
+    )

@@ -1,0 +1,86 @@
+"""Where a measurement ran: device and dtype choice, package versions, the machine.
+
+Shared by `tome-processors bench`, `eval` and `quality`, so each is written once.
+
+Example:
+    >>> resolve_dtype("auto", torch.device("cpu"))
+    torch.float32
+    >>> package_version("surely-not-installed-anywhere") is None
+    True
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+
+__all__ = ["cpu_name", "library_version", "machine", "package_version", "resolve_device", "resolve_dtype"]
+
+
+def package_version(distribution: str) -> str | None:
+    """The installed version of a distribution (`importlib.metadata`), or None when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def library_version() -> str:
+    """This library's version: the installed distribution's, or the source tree's `__version__` when run from it.
+
+    Example:
+        >>> import tome_processors
+        >>> library_version() in (package_version("tome-processors"), tome_processors.__version__)
+        True
+    """
+    installed = package_version("tome-processors")
+    if installed is not None:
+        return installed
+    return __version__
+
+
+def resolve_device(name: str) -> torch.device:
+    """`"auto"`: CUDA when torch sees one, else the CPU; anything else as `torch.device(name)`."""
+    if name != "auto":
+        return torch.device(name)
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`"auto"`: float16 on CUDA, float32 elsewhere; anything else by its torch name (`"bfloat16"`).
+
+    Example:
+        >>> resolve_dtype("auto", torch.device("cuda"))
+        torch.float16
+        >>> resolve_dtype("bfloat16", torch.device("cpu"))
+        torch.bfloat16
+    """
+    if name == "auto":
+        return torch.float16 if device.type == "cuda" else torch.float32
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"Expected a torch dtype name such as 'float16', but got {name!r}.")
+    return dtype
+
+
+def cpu_name() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device) -> str:
+    """`platform; CPU or GPU name; CPU count`."""
+    accelerator = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    return f"{platform.platform()}; {accelerator}; {os.cpu_count()} CPUs"

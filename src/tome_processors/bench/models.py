@@ -1,0 +1,130 @@
+"""The model `tome-processors bench` measures, with its fixed inputs: a random-weight architecture or a user's.
+
+- `--arch sd15|sd2|sdxl` (default sd15): a UNet of that architecture with random weights (`unet.py`),
+  SDPA processors (`AttnProcessor2_0`) in every attention module;
+- `--arch pixart|sd3|flux`: a diffusion transformer (`dit.py`), keeping its own processors;
+- `--quick`: a tiny model of the same layout;
+- `--model`: a local folder or hub id (a UNet, or with `--pipeline` a whole pipeline).
+
+Example:
+    >>> bench_model = build_model(arch="sd15", quick=True)
+    >>> bench_model.description, bench_model.resolution
+    ('tiny architecture, random weights', 128)
+    >>> tuple(bench_model.forward(bench_model.model).shape)
+    (2, 4, 16, 16)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.models.attention_processor import AttnProcessor2_0
+
+from ..families import Family, find_family
+from .dit import QUICK_TEXT_TOKENS, TRANSFORMER_ARCHITECTURES, build_transformer, make_transformer_inputs
+from .unet import build_unet, load_unet, make_inputs
+
+__all__ = ["BenchModel", "build_model", "cast"]
+
+
+@dataclass
+class BenchModel:
+    """A model ready to measure.
+
+    Attributes:
+        model: the UNet or transformer, in eval mode, on its device and dtype.
+        forward: `forward(model)` runs one forward on the fixed inputs and returns the output sample
+            (it takes the model, so that a compiled or copied model runs the same inputs).
+        family: the library's model family (`families.find_family`), None for an unknown model.
+        description: what the model is, for the report.
+        resolution: image side in pixels of the inputs.
+        pipe: the pipeline with `--pipeline`, else None.
+    """
+
+    model: torch.nn.Module
+    forward: Callable[[torch.nn.Module], torch.Tensor]
+    family: Family | None
+    description: str
+    resolution: int
+    pipe: Any = None
+
+
+def cast(model: torch.nn.Module, device: torch.device | str, dtype: torch.dtype) -> torch.nn.Module:
+    """`model` moved to `device` and cast to `dtype`, in place.
+
+    Cast with `half()` / `bfloat16()` / `float()` rather than `to(dtype)`: diffusers' `ModelMixin.to`
+    warns about "modules that should be kept in float32" on every dtype cast, even for models that keep
+    none (its check tests the list against None), and none of the bench's architectures keeps any.
+
+    Example:
+        >>> cast(torch.nn.Linear(2, 2), "cpu", torch.bfloat16).weight.dtype
+        torch.bfloat16
+    """
+    casts = {torch.float32: model.float, torch.float16: model.half, torch.bfloat16: model.bfloat16}
+    if dtype not in casts:
+        raise ValueError(f"Expected dtype float32, float16 or bfloat16, but got {dtype}.")
+    return casts[dtype]().to(device)
+
+
+def build_model(
+    model: str | None = None,
+    arch: str | None = None,
+    quick: bool = False,
+    pipeline: bool = False,
+    resolution: int | None = None,
+    batch: int = 2,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> BenchModel:
+    """The model to measure, with fixed inputs of `batch` at `resolution` pixels (default: the model's own).
+
+    Args:
+        model: a local diffusers folder (a pipeline with `unet/`, or a UNet folder) or a hub id.
+        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3` or `flux` with random weights (default `sd15`).
+        quick: a tiny model of the architecture's layout (128 px by default).
+        pipeline: with `model`, load the whole pipeline (for full generations).
+        seed: seeds the random weights and inputs.
+    """
+    if model is not None and (arch is not None or quick):
+        raise ValueError(f"Expected either a model or an architecture, but got model={model!r} and arch={arch!r}.")
+    if pipeline and model is None:
+        raise ValueError("Expected a model with pipeline=True: full generations need real weights.")
+    device = torch.device(device)
+    pipe = None
+    if model is None and arch in TRANSFORMER_ARCHITECTURES:
+        net = cast(build_transformer(arch, quick=quick, seed=seed), device, dtype)
+        description = f"{arch}{' (tiny)' if quick else ''} architecture, random weights"
+    elif model is None:
+        name = arch or "sd15"
+        if quick:
+            name = "tiny-sdxl" if name == "sdxl" else "tiny"
+        net = cast(build_unet(name, seed=seed), device, dtype)
+        description = f"{name} architecture, random weights"
+    elif pipeline:
+        pipe = DiffusionPipeline.from_pretrained(model, dtype=dtype).to(device)
+        if not isinstance(getattr(pipe, "unet", None), torch.nn.Module):
+            raise ValueError(f"Expected a pipeline with a UNet in {model}, but got {type(pipe).__name__}.")
+        net, description = pipe.unet.eval(), model
+    else:
+        net, description = load_unet(model, dtype).to(device), model
+
+    family = find_family(net)
+    transformer = family is not None and family.name != "unet"
+    if not transformer:  # diffusion transformers keep their own processors (SD3 and Flux need them)
+        net.set_attn_processor(AttnProcessor2_0())
+    sample_size = getattr(net.config, "sample_size", None) or 128  # Flux has none: 1024 px
+    sample_size = sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size
+    resolution = resolution or (128 if quick else int(sample_size) * 8)
+    if transformer:
+        text_tokens = QUICK_TEXT_TOKENS if quick else None
+        inputs: Any = make_transformer_inputs(
+            net, family.name, batch, resolution, seed, device, dtype, text_tokens=text_tokens
+        )
+    else:
+        inputs = make_inputs(net, batch, resolution, seed=seed, device=device, dtype=dtype)
+    return BenchModel(net, inputs.run, family, description, resolution, pipe)

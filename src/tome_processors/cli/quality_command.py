@@ -1,0 +1,52 @@
+"""`tome-processors quality`: token merging measured on the small denoiser trained on photos that ships with
+the package, on held-out crops; prints a markdown report (docs/quality.md).
+
+Example:
+    $ tome-processors quality --threads 1
+    $ tome-processors quality --timesteps 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from ..bench.quality import DEFAULT_TIMESTEPS, report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `tome-processors quality`."""
+    parser.add_argument("--per-image", type=int, default=2, help="held-out crops per photo")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the crop positions and the noise")
+    parser.add_argument(
+        "--timesteps", type=int, nargs="+", default=list(DEFAULT_TIMESTEPS), help="noise levels to measure at"
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report. Returns an exit code (2 for bad options)."""
+    if args.per_image < 1 or (args.threads is not None and args.threads < 1):
+        print(f"error: Expected --per-image and --threads >= 1, but got {args.per_image} and {args.threads}.",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    if not all(0 <= t < 1000 for t in args.timesteps):
+        print(f"error: Expected --timesteps between 0 and 999, but got {args.timesteps}.", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(report(args.per_image, args.seed, args.timesteps))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tome_processors.cli.quality_command ...`, the same as `tome-processors quality ...`."""
+    parser = argparse.ArgumentParser(prog="tome-processors quality", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,8 @@
+"""`tome-processors eval`: quality against speed on real prompts (`engine`), written out by `report`.
+
+Nothing in the library imports this package.
+"""
+
+from .engine import EvalConfig, EvalRow, EvalSettings, run_eval
+
+__all__ = ["EvalConfig", "EvalRow", "EvalSettings", "run_eval"]

@@ -1,0 +1,113 @@
+"""The package's two floors: the library never imports the tooling (bench/, evaluate/, cli/), and no tooling
+module takes part in an import cycle, counting imports inside functions too."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import tome_processors
+
+PACKAGE = Path(tome_processors.__file__).parent
+TOOLING = ("tome_processors.bench", "tome_processors.evaluate", "tome_processors.cli", "tome_processors.__main__")
+#: What tooling may import inside a function: optional or heavy dependencies only.
+LAZY_ALLOWED = ("matplotlib", "tomesd", "skimage")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _resolve(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".")
+    base = base if is_package else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _imports(path: Path) -> list[tuple[str, bool]]:
+    """`(imported module, inside a function)` for every import of `path`, `from x import y` as `x.y` and `x`."""
+    module, is_package = _module_name(path), path.name == "__init__.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: list[tuple[str, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, nested) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                source = _resolve(module, is_package, child)
+                found.append((source, nested))
+                found.extend((f"{source}.{alias.name}", nested) for alias in child.names)
+            visit(child, nested)
+
+    visit(tree, False)
+    return found
+
+
+MODULES = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def _is_tooling(name: str) -> bool:
+    return any(name == t or name.startswith(t + ".") for t in TOOLING)
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        targets = {imported for imported, _ in _imports(path) if imported in MODULES and imported != name}
+        # Importing a submodule from outside its package first runs the package's __init__.
+        parents = {t.rsplit(".", 1)[0] for t in targets}
+        graph[name] = targets | {p for p in parents if p in MODULES and not (name + ".").startswith(p + ".")}
+    return graph
+
+
+def test_the_library_never_imports_the_tooling():
+    offenders = {
+        name: sorted(t for t in targets if _is_tooling(t))
+        for name, targets in _graph().items()
+        if not _is_tooling(name) and any(_is_tooling(t) for t in targets)
+    }
+    assert offenders == {}
+
+
+def test_no_import_cycle_through_the_tooling():
+    graph = _graph()
+
+    def reaches(start: str, goal: str) -> bool:
+        stack, seen = list(graph[start]), set()
+        while stack:
+            name = stack.pop()
+            if name == goal:
+                return True
+            if name not in seen:
+                seen.add(name)
+                stack.extend(graph.get(name, ()))
+        return False
+
+    cyclic = sorted(name for name in graph if _is_tooling(name) and reaches(name, name))
+    assert cyclic == []
+
+
+def test_tooling_imports_inside_functions_only_optional_dependencies():
+    lazy = {
+        name: sorted({imported for imported, nested in _imports(path) if nested})
+        for name, path in MODULES.items()
+        if _is_tooling(name)
+    }
+    offenders = {
+        name: [i for i in imported if not i.startswith(LAZY_ALLOWED)] for name, imported in lazy.items() if imported
+    }
+    assert {name: bad for name, bad in offenders.items() if bad} == {}
+    assert not [name for name, path in MODULES.items() if _is_tooling(name) and "PLC0415" in path.read_text()]
+
+
+def test_the_graph_sees_imports_inside_functions(tmp_path):
+    # The checks above rely on the AST walk finding function-level and relative imports.
+    path = PACKAGE / "bench" / "quality.py"
+    imported = _imports(path)
+    assert ("skimage.data", True) in imported and ("tome_processors.bench.engine.Method", False) in imported
