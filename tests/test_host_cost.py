@@ -207,9 +207,14 @@ BUDGETS = [
     pytest.param(lambda: unet(2), unet_call_inputs, {"share_level": True}, 25, id="unet-share_level"),
     pytest.param(lambda: pixart(28), lambda m: pixart_inputs(), {"share_level": True}, 12, id="pixart-share_level"),
     pytest.param(lambda: sd3(24), lambda m: sd3_inputs(), {"share_level": True}, 12, id="sd3-share_level"),
-    # Flux runs a batch of two one sample at a time (each sample's rotary positions follow its own merge):
-    # far over the 30-op target. Held here so that it does not grow.
-    pytest.param(lambda: flux(19, 38), lambda m: flux_inputs(), {}, 130, id="flux"),
+    # Flux as its pipeline runs it (batch 1, guidance-distilled): over the 30-op target by the rotary tables
+    # gathered for the merged rows and the text tokens cut off and put back in every block. Held here so
+    # that it does not grow. (A batch of several runs attention one sample at a time: each sample's rotary
+    # positions follow its own merge.)
+    pytest.param(lambda: flux(19, 38), lambda m: flux_inputs(batch=1), {}, 42, id="flux"),
+    pytest.param(
+        lambda: flux(19, 38), lambda m: flux_inputs(batch=1), {"share_level": True}, 14, id="flux-share_level"
+    ),
 ]
 
 

@@ -35,6 +35,7 @@ class ToMeConfig:
 
     The defaults follow tomesd (ToMe for SD), except that `max_downsample="auto"` picks the
     highest-resolution level that has attention, so SDXL is merged instead of silently skipped.
+    The options from `mode` on go beyond tomesd; their defaults keep tomesd's behaviour.
 
     Args:
         ratio: Share of the tokens to merge away, `r = int(N * ratio)`. From 0 up to the cap
@@ -52,10 +53,6 @@ class ToMeConfig:
         seed: Seeds the destination choice. The choice is a pure function of this seed, the
             denoising timestep and the block, so the same seed gives the same output every run and
             the global torch RNG is never used.
-
-    Modes beyond tomesd (defaults keep tomesd's behaviour):
-
-    Args:
         mode: `"merge"` (ToMe: merge tokens before attention, unmerge after) or `"downsample_kv"`
             (ToDo, arXiv 2402.13573: keep every query, pool the keys and values of self-attention
             over `kv_factor x kv_factor` windows; no similarity is computed at all).
@@ -64,11 +61,15 @@ class ToMeConfig:
         share_level: compute one merge per level and forward, from the first block of the level,
             and share it with the other blocks of that level (cheaper, slightly different).
         recompute_every: recompute merges every this many denoising steps and reuse them in
-            between (1 = every forward, as tomesd). Steps are counted from the UNet's timestep.
+            between (1 = every forward, as tomesd). Steps are the model's forwards, counted on the
+            host since the last reset (diffusers pipelines reset after every call), so the timestep
+            is never read back from the device.
         level_ratios: a ratio per downsample level, e.g. `{1: 0.6, 2: 0.3}`; levels not listed are
-            not merged and `max_downsample` is not used.
+            not merged and `max_downsample` is not used. Stored as sorted `(level, ratio)` pairs, so
+            the config stays hashable.
         ratio_start: the ratio at the noisiest timestep; it moves linearly to `ratio` (or the
-            level's ratio) at timestep 0. `None` keeps the ratio constant.
+            level's ratio) at timestep 0. `None` keeps the ratio constant. The one option that reads
+            the timestep on the host (once per forward): the merged shape follows it.
         num_train_timesteps: the timestep scale of `ratio_start` (1000 for Stable Diffusion).
         similarity_dtype: compute the similarity matrix in this dtype (`"bfloat16"` is faster than
             float32 on CPUs with native bfloat16, AVX512-BF16 or AMX); the chosen pairs are then
@@ -99,7 +100,7 @@ class ToMeConfig:
     kv_pool: KVPool = "avg"
     share_level: bool = False
     recompute_every: int = 1
-    level_ratios: Mapping[int, float] | None = None
+    level_ratios: Mapping[int, float] | tuple[tuple[int, float], ...] | None = None
     ratio_start: float | None = None
     num_train_timesteps: int = 1000
     similarity_dtype: Literal["float32", "bfloat16", "float16"] | None = None

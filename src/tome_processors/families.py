@@ -28,8 +28,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel
 from diffusers.models.attention import BasicTransformerBlock
 from diffusers.models.attention_processor import Attention
+from diffusers.models.transformers.transformer_2d import Transformer2DModel
 
 from ._similarity import is_compiling
 from .arguments import argument
@@ -94,8 +96,6 @@ def spatial_transformer_blocks(model: torch.nn.Module) -> list[BasicTransformerB
     Only blocks inside a `Transformer2DModel` count: the same block class inside temporal
     transformers (AnimateDiff motion modules) attends over frames, and merging would mix them.
     """
-    from diffusers.models.transformers.transformer_2d import Transformer2DModel  # noqa: PLC0415
-
     blocks: list[BasicTransformerBlock] = []
     for module in model.modules():
         if isinstance(module, Transformer2DModel):
@@ -220,8 +220,6 @@ class PixArtFamily(Family):
     defaults: dict[str, Any] = {"ratio": 0.4}
 
     def matches(self, model: torch.nn.Module) -> bool:
-        from diffusers import PixArtTransformer2DModel  # noqa: PLC0415
-
         return isinstance(model, PixArtTransformer2DModel)
 
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
@@ -243,8 +241,6 @@ class SD3Family(Family):
     defaults: dict[str, Any] = {"ratio": 0.4}
 
     def matches(self, model: torch.nn.Module) -> bool:
-        from diffusers import SD3Transformer2DModel  # noqa: PLC0415
-
         return isinstance(model, SD3Transformer2DModel)
 
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
@@ -277,8 +273,6 @@ class FluxFamily(Family):
         self._warned = False
 
     def matches(self, model: torch.nn.Module) -> bool:
-        from diffusers import FluxTransformer2DModel  # noqa: PLC0415
-
         return isinstance(model, FluxTransformer2DModel)
 
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
@@ -340,8 +334,9 @@ def grid_from_ids(ids: torch.Tensor, num_tokens: int) -> tuple[int, int] | None:
     return (h, w) if torch.equal(rows * w + cols, expected) else None
 
 
-_FAMILIES: tuple[type[Family], ...] = (PixArtFamily, SD3Family, FluxFamily, UNetFamily)
-FAMILIES = {cls.name: cls for cls in _FAMILIES}
+#: Every supported family by name, in the order `find_family` tries them (the UNet family, which
+#: matches any model with spatial transformer blocks, last). Adding a `Family` subclass here supports it.
+FAMILIES: dict[str, type[Family]] = {cls.name: cls for cls in (PixArtFamily, SD3Family, FluxFamily, UNetFamily)}
 
 #: Diffusion transformers that ToMe does not know, named in the error so users see why.
 _SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Transformer2DModel), " + ", ".join(
@@ -351,7 +346,7 @@ _SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tra
 
 def find_family(model: torch.nn.Module) -> Family | None:
     """A fresh `Family` for `model`, or None when ToMe does not support it."""
-    for cls in _FAMILIES:
+    for cls in FAMILIES.values():
         family = cls()
         if family.matches(model):
             return family

@@ -86,28 +86,41 @@ def _rotary_fits(args: tuple, kwargs: dict, num_positions: int) -> bool:
     return all(isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape[0] == num_positions for t in tables)
 
 
-def _merged_rotary(rotary: Any, positions: torch.Tensor, text_len: int) -> Any:
-    """The rotary tables of the text positions followed by those of each merged row's kept token."""
-    index = torch.cat([torch.arange(text_len, device=positions.device), positions + text_len])
-    tables = [t.index_select(0, index.to(t.device)) for t in _rotary_tables(rotary)]
-    return type(rotary)(tables) if isinstance(rotary, (tuple, list)) else tables[0]
+def _merged_rotary(rotary: Any, merge: TokenMerge, text_len: int) -> list[Any]:
+    """Per sample, the rotary tables of the text positions followed by those of each merged row's kept token.
+
+    Kept on the merge: a merge shared by several blocks (`share_level`) gathers its tables once per forward.
+    """
+    tables = _rotary_tables(rotary)
+    cached = merge.rotary
+    if cached is not None and cached[0] is tables[0] and cached[1] == text_len:
+        return cached[2]
+    row_token = merge.row_token.to(tables[0].device)
+    text_positions = torch.arange(text_len, device=row_token.device).expand(row_token.shape[0], text_len)
+    index = torch.cat([text_positions, row_token + text_len], dim=1)
+    per_sample = []
+    for sample_index in index.unbind(0):
+        sample_tables = [t.index_select(0, sample_index) for t in tables]
+        per_sample.append(type(rotary)(sample_tables) if isinstance(rotary, (tuple, list)) else sample_tables[0])
+    merge.rotary = (tables[0], text_len, per_sample)
+    return per_sample
 
 
 def _call(inner, attn, merged: torch.Tensor, args: tuple, kwargs: dict, merge: TokenMerge, text_len: int) -> Any:
     rotary = argument(args, kwargs, *_ROTARY)
     if rotary is None:
         return inner(attn, merged, *args, **kwargs)
+    per_sample = _merged_rotary(rotary, merge, text_len)
     batch = merge.batch
+    if batch == 1:
+        args, kwargs = replace_argument(args, kwargs, *_ROTARY, per_sample[0])
+        return inner(attn, merged, *args, **kwargs)
     outputs = []
     for b in range(batch):  # one rotary table per sample (see the module doc)
         sample_args = tuple(_sample(x, b, batch) for x in args)
         sample_kwargs = {k: _sample(v, b, batch) for k, v in kwargs.items()}
-        sample_args, sample_kwargs = replace_argument(
-            sample_args, sample_kwargs, *_ROTARY, _merged_rotary(rotary, merge.row_token[b], text_len)
-        )
+        sample_args, sample_kwargs = replace_argument(sample_args, sample_kwargs, *_ROTARY, per_sample[b])
         outputs.append(inner(attn, merged[b : b + 1], *sample_args, **sample_kwargs))
-    if batch == 1:
-        return outputs[0]
     if isinstance(outputs[0], torch.Tensor):
         return torch.cat(outputs)
     return type(outputs[0])(torch.cat(parts) if parts[0] is not None else None for parts in zip(*outputs, strict=True))

@@ -54,7 +54,7 @@ class TokenMerge:
             (rotary embeddings) follow this token.
     """
 
-    __slots__ = ("batch", "num_rows", "num_tokens", "row_size", "row_token", "token_row")
+    __slots__ = ("batch", "num_rows", "num_tokens", "row_size", "row_token", "rotary", "token_row")
 
     def __init__(
         self,
@@ -71,6 +71,7 @@ class TokenMerge:
         self.num_tokens = num_tokens
         self.num_rows = num_rows
         self.row_token = row_token
+        self.rotary: tuple | None = None  # the merged rows' positional tables, kept by their user
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         """`(B, N, C)` -> `(B, M, C)`: each row is the mean of the tokens that went into it."""
