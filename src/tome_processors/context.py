@@ -115,7 +115,7 @@ class ModelState:
         # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd).
         if config.use_rand and batch % 2 == 0:
             choice = window_choice(self._mix(config, layout, device), self._step_key(device), layout.places)
-            plan = layout.partitions(choice).for_batch(batch).unbind()
+            plan = layout.partitions(choice, batch).unbind()
         else:
             plan = [self._fixed(layout, batch)]
         self._plans = (*self._plans, (key, plan))
@@ -125,7 +125,7 @@ class ModelState:
         key = ("fixed", layout.h, layout.w, layout.sx, layout.sy, layout.origins.device, batch)
         fixed = self._mixes.get(key)
         if fixed is None:
-            fixed = self._mixes[key] = layout.fixed().for_batch(batch)
+            fixed = self._mixes[key] = layout.fixed(batch)
         return fixed
 
     def _mix(self, config: ToMeConfig, layout: GridLayout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,7 +18,7 @@ drawn for many blocks at once (`GridLayout.partitions`), and nothing reads a ten
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -115,16 +115,6 @@ class Partition:
     def num_dst(self) -> int:
         return self.dst_idx.shape[-1]
 
-    def for_batch(self, batch: int) -> Partition:
-        """`dst_row` and `src_idx` expanded to `(..., batch, N)` and `(..., batch, S)` (views), once per
-        forward rather than once per block."""
-        return Partition(
-            self.perm,
-            self.dst_row.unsqueeze(-2).expand(*self.dst_row.shape[:-1], batch, -1),
-            self.src_idx.unsqueeze(-2).expand(*self.src_idx.shape[:-1], batch, -1),
-            self.dst_idx,
-        )
-
     def unbind(self) -> list[Partition]:
         """One partition per block of a stack of partitions (a leading block axis)."""
         return [
@@ -145,7 +135,8 @@ class GridLayout:
         place_order: `(sx * sy, sx * sy)` token offsets within a window: row c lists the places other
             than c, then c (sources, then the destination).
         edges: `(E,)` the tokens outside every full window (always sources).
-        window_ids: `(W,)` `arange(W)`, the destination indices.
+        window_of_token: `(N,)` each token's window (0 at the edges): the row a destination heads,
+            whichever place of its window it is at, so `Partition.dst_row` never depends on the choice.
     """
 
     h: int
@@ -155,7 +146,8 @@ class GridLayout:
     origins: torch.Tensor
     place_order: torch.Tensor
     edges: torch.Tensor
-    window_ids: torch.Tensor
+    window_of_token: torch.Tensor
+    _batched: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, h: int, w: int, sx: int, sy: int, device: torch.device | str = "cpu") -> GridLayout:
@@ -169,8 +161,20 @@ class GridLayout:
         covered = torch.zeros(h, w, dtype=torch.bool)
         covered[: hsy * sy, : wsx * sx] = True
         edges = torch.arange(h * w)[~covered.view(-1)].to(device)
-        window_ids = torch.arange(hsy * wsx, device=device)
-        return cls(h, w, sx, sy, origins, torch.tensor(order, device=device), edges, window_ids)
+        window_of_token = torch.zeros(h, w, dtype=torch.long)
+        window_of_token[: hsy * sy, : wsx * sx] = (
+            torch.arange(hsy * wsx).view(hsy, 1, wsx, 1).expand(hsy, sy, wsx, sx).reshape(hsy * sy, wsx * sx)
+        )
+        return cls(
+            h,
+            w,
+            sx,
+            sy,
+            origins.view(1, -1, 1),
+            torch.tensor(order, device=device),
+            edges,
+            window_of_token.view(-1).to(device),
+        )
 
     @property
     def places(self) -> int:
@@ -178,28 +182,37 @@ class GridLayout:
 
     @property
     def windows(self) -> int:
-        return self.window_ids.numel()
+        return self.origins.shape[1]
 
-    def partitions(self, choice: torch.Tensor) -> Partition:
+    def dst_row(self, batch: int) -> torch.Tensor:
+        """`window_of_token` expanded to `(batch, N)`, made once per batch size."""
+        expanded = self._batched.get(batch)
+        if expanded is None:
+            expanded = self._batched[batch] = self.window_of_token.expand(batch, -1)
+        return expanded
+
+    def partitions(self, choice: torch.Tensor, batch: int | None = None) -> Partition:
         """A stack of partitions, one per row of `choice` `(K, W)` (each window's destination place).
 
-        Seven ops however many blocks `K` holds; `Partition.unbind` splits them per block.
+        A handful of ops however many blocks `K` holds; `Partition.unbind` splits them per block. With
+        `batch`, the per-token tables come expanded to `(K, batch, ...)` once, not once per block.
         """
         K, W = choice.shape
-        tokens = self.origins.view(1, W, 1) + self.place_order[choice]  # (K, W, places): sources, destination
+        tokens = self.origins + self.place_order[choice]  # (K, W, places): sources, destination
         # Place-major: every window's first source, then every window's second, ..., then the destinations.
         perm = tokens.transpose(1, 2).reshape(K, -1)
         if self.edges.numel():  # rows and columns left over at the edges are sources too
             perm = torch.cat([perm[:, :-W], self.edges.expand(K, -1), perm[:, -W:]], dim=1)
         src_idx, dst_idx = perm.split((perm.shape[1] - W, W), dim=1)
-        dst_row = torch.zeros(K, self.h * self.w, dtype=torch.long, device=choice.device)
-        dst_row.scatter_(1, dst_idx, self.window_ids.expand(K, W))
-        return Partition(perm, dst_row, src_idx, dst_idx)
+        if batch is None:
+            return Partition(perm, self.window_of_token.expand(K, -1), src_idx, dst_idx)
+        src_idx = src_idx.unsqueeze(1).expand(K, batch, src_idx.shape[1])
+        return Partition(perm, self.dst_row(batch).expand(K, batch, -1), src_idx, dst_idx)
 
-    def fixed(self) -> Partition:
+    def fixed(self, batch: int | None = None) -> Partition:
         """Every window's top-left token as its destination (tomesd's `no_rand`)."""
         choice = torch.zeros(1, self.windows, dtype=torch.long, device=self.origins.device)
-        return self.partitions(choice).unbind()[0]
+        return self.partitions(choice, batch).unbind()[0]
 
 
 def fixed_partition(h: int, w: int, sx: int, sy: int, device: torch.device | str = "cpu") -> Partition:
@@ -313,7 +326,7 @@ def match(
         # The r best sources go to their destination's row; the others follow the destinations in rank order.
         src_row = torch.where(rank < r, best_dst, rank + (D - r))
         dst_row, src_idx = partition.dst_row, partition.src_idx
-        if dst_row.ndim == 1:  # not made `for_batch(B)` in advance
+        if dst_row.ndim == 1:  # a partition made without `batch`
             dst_row, src_idx = dst_row.expand(B, N), src_idx.expand(B, S)
         token_row = dst_row.scatter(1, src_idx, src_row)
         token_row = (token_row + _batch_offsets(B, M, metric.device)).view(-1)
