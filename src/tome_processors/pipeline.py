@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from diffusers import DiffusionPipeline
 
 from .apply import apply_tome, remove_tome, unwrap_processors
 from .config import ToMeConfig
@@ -372,6 +371,8 @@ def patch_pipelines() -> None:
         True
         >>> tome_processors.unpatch_pipelines()
     """
+    from diffusers import DiffusionPipeline  # here: it loads the pipeline machinery (0.7 s)
+
     for name in _PATCHED_NAMES:
         existing = DiffusionPipeline.__dict__.get(name)
         if existing is not None and existing is not ToMeMixin.__dict__[name]:
@@ -389,6 +390,8 @@ def unpatch_pipelines() -> None:
     Example:
         >>> tome_processors.unpatch_pipelines()
     """
+    from diffusers import DiffusionPipeline  # here: it loads the pipeline machinery (0.7 s)
+
     for name in _PATCHED_NAMES:
         if DiffusionPipeline.__dict__.get(name) is ToMeMixin.__dict__[name]:
             delattr(DiffusionPipeline, name)
