@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import tome_processors as tp
 from pipelines import save_tiny_clip, tiny_sd_pipeline
 from tome_processors.cli.eval_command import main as eval_main
 from tome_processors.cli.main import main
@@ -66,7 +67,7 @@ def test_run_eval_measures_every_image_and_writes_reports(tmp_path, saved):
     grid = Image.open(paths["grid_000"])
     assert grid.size == (3 * 32, 2 * (32 + 14))
     # ToMe was taken away again: the pipeline's UNet is untouched.
-    assert not hasattr(pipe.unet, "_tome_context")
+    assert not tp.is_tome_applied(pipe.unet)
 
 
 def test_cli_on_saved_folders(tmp_path, saved):

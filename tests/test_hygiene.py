@@ -10,7 +10,7 @@ import torch
 from diffusers.models.attention_processor import AttnProcessor2_0
 
 from tome_processors import apply_tome, remove_tome
-from tome_processors.hooks import CONTEXT_ATTR
+from tome_processors.hooks import context_of
 
 from models import run_unet, tiny_unet, unet_inputs
 
@@ -25,7 +25,7 @@ def fresh_result(unet, shape, **options):
 
 
 def assert_no_tensors_held(unet):
-    context = getattr(unet, CONTEXT_ATTR)
+    context = context_of(unet)
     for block in context.blocks:
         assert block.metric is None and block.merge is None and block.merged_config is None and block.ff_merge is None
 

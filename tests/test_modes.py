@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from diffusers.hooks import HookRegistry
 from diffusers.models.attention_processor import AttnProcessor2_0
 
 import tome_processors.context as context_module
 from tome_processors import ToMeConfig, apply_tome, remove_tome
-from tome_processors.hooks import CONTEXT_ATTR
 
 from models import run_unet, tiny_unet, unet_inputs
 
@@ -89,7 +89,7 @@ def test_recompute_every_reuses_merges_across_steps(unet, monkeypatch):
     for t in (999, 800, 600, 400, 200):
         run_unet(unet, sample, torch.tensor(t), text)
     assert calls.count(256) == 3 * 3  # steps 0, 2 and 4 compute, 3 blocks each
-    getattr(unet, CONTEXT_ATTR).model_state.reset()
+    HookRegistry.check_if_exists_or_initialize(unet).reset_stateful_hooks()  # what pipelines do after a call
     for t in (999, 800):
         run_unet(unet, sample, torch.tensor(t), text)
     assert calls.count(256) == 3 * 4  # the new generation's step 0

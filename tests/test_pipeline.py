@@ -148,7 +148,11 @@ def inner_types(model) -> set[type]:
 
 
 def hooks_left(model: torch.nn.Module) -> int:
-    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+    """Torch hooks, diffusers hook registries and instance `forward`s (UNet pipelines create none of their own)."""
+    return sum(
+        len(m._forward_pre_hooks) + len(m._forward_hooks) + ("_diffusers_hook" in vars(m)) + ("forward" in vars(m))
+        for m in model.modules()
+    )
 
 
 def tome_leftovers(obj) -> list[str]:

@@ -1,66 +1,123 @@
-"""Attach the merge context for processors set with `set_attn_processor(ToMeProcessor())`.
+"""Attach the merge context for processors set with `model.set_attn_processor(ToMeProcessor())`.
 
-A processor cannot see the model it is set on, and the merge needs model-level facts (the latent
-size, the raw block input). So a new `ToMeProcessor` is "pending": a process-wide forward pre-hook
-waits for the first diffusers model that is called with a pending processor inside, installs the
-hooks on it (as `apply_tome` would), and removes itself once nothing is pending.
+A processor cannot see the model it is set on, and the merge needs model-level facts (the token
+grid, the timestep, the raw block input). So a `ToMeProcessor` called on an attention module that
+has no `AttentionSlot` looks, at that call, for the model being called: the `nn.Module` calls that
+are running, on the Python call stack. The outermost diffusers model of a supported family whose
+blocks hold this attention module gets the merge context (as `apply_tome` would install it), and
+this forward's context is started from the arguments that model and the block were called with,
+so the first forward merges exactly as `apply_tome` would have (positional or keyword calls alike).
+
+Nothing runs before a processor's first call and nothing process-wide is installed. Where no such
+model is found inside a diffusers model's forward (the VAE's attention), the attention module is
+remembered and passed straight through from then on. Under `torch.compile` nothing is attached
+(hooks cannot be added inside a traced graph): run one forward eagerly first, or use `apply_tome`.
+
+The block being called while the context is attached had no pre-hook this forward (its metric is
+set here) and gets no post-hook either: its tensors are held until its next forward, a reset
+(end of a pipeline call) or removal.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import warnings
 import weakref
-from typing import TYPE_CHECKING
+from types import FrameType
 
 import torch
+from diffusers import ModelMixin
 
-if TYPE_CHECKING:
-    from .processor import ToMeProcessor
+from ._similarity import is_compiling
+from .config import ToMeConfig
+from .context import SLOT_ATTR, AttentionSlot
+from .families import find_family
+from .hooks import context_of, enter_block, install, warn_if_merges_nothing
 
 logger = logging.getLogger(__name__)
 
-_pending: weakref.WeakSet[ToMeProcessor] = weakref.WeakSet()
+_CALL_IMPL = torch.nn.Module._call_impl.__code__  # the frame of every `module(...)` call
 _lock = threading.Lock()
-_handle: torch.utils.hooks.RemovableHandle | None = None
 
 
-def register_pending(processor: ToMeProcessor) -> None:
-    """Mark `processor` as waiting for a model to attach to."""
-    global _handle
-    with _lock:
-        _pending.add(processor)
-        if _handle is None:
-            _handle = torch.nn.modules.module.register_module_forward_pre_hook(_attach_pre_hook)
+class PassedThrough:
+    """Attention modules a processor found no block to merge in, held weakly; copies start empty."""
+
+    def __init__(self) -> None:
+        self._modules: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+    def __contains__(self, module: object) -> bool:
+        return module in self._modules
+
+    def add(self, module: torch.nn.Module) -> None:
+        self._modules.add(module)
+
+    def __reduce__(self) -> tuple:  # pickling or deep-copying a processor must not copy modules
+        return (PassedThrough, ())
 
 
-def discard_pending(processors) -> None:
-    """Processors that `apply_tome` bound to a model need no attaching."""
-    global _handle
-    with _lock:
-        for processor in processors:
-            _pending.discard(processor)
-        if not _pending and _handle is not None:
-            _handle.remove()
-            _handle = None
+def slot_for_call(
+    attn: torch.nn.Module, config: ToMeConfig, processor_type: type, passed_through: PassedThrough
+) -> AttentionSlot | None:
+    """The slot of `attn` once the merge context is attached to the model being called, or None.
 
-
-def _attach_pre_hook(module: torch.nn.Module, args: tuple) -> None:
-    from diffusers import ModelMixin  # noqa: PLC0415
-
-    if not isinstance(module, ModelMixin) or not _pending:
+    Called by a processor of `processor_type` with `config`, set on `attn`, which has no slot.
+    Returns None (pass straight through) under `torch.compile`, outside a model's forward, and
+    where the model does not merge `attn`; in the last case `attn` is added to `passed_through`.
+    """
+    if is_compiling() or attn in passed_through:
         return None
-    from .apply import attach_processors  # noqa: PLC0415
+    calls = _module_calls(sys._getframe(1))
+    with _lock:
+        slot = getattr(attn, SLOT_ATTR, None)  # another thread may have attached meanwhile
+        if slot is None:
+            slot = _attach(attn, config, processor_type, calls)
+        if slot is None and any(isinstance(module, ModelMixin) for module, _, _ in calls):
+            passed_through.add(attn)  # the VAE's attention, temporal attention, ...: never merged here
+    return slot
 
-    found = [m.processor for m in module.modules() if getattr(m, "processor", None) in _pending]
-    if not found:
-        return None
-    if not attach_processors(module, found, args):
-        warnings.warn(
-            f"ToMe attached to {type(module).__name__} during a call that passed its inputs by keyword; this "
-            "forward ran without merging. Call tome_processors.apply_tome(model) before the first forward "
-            "to merge from the start.",
-            stacklevel=2,
-        )
+
+def _module_calls(frame: FrameType | None) -> list[tuple[torch.nn.Module, tuple, dict]]:
+    """`(module, args, kwargs)` of every `nn.Module` call running in this thread, outermost first."""
+    calls = []
+    while frame is not None:
+        if frame.f_code is _CALL_IMPL:
+            local = frame.f_locals
+            module = local.get("self")
+            if isinstance(module, torch.nn.Module):
+                calls.append((module, tuple(local.get("args") or ()), dict(local.get("kwargs") or {})))
+        frame = frame.f_back
+    calls.reverse()
+    return calls
+
+
+def _attach(attn: torch.nn.Module, config: ToMeConfig, processor_type: type, calls: list) -> AttentionSlot | None:
+    for model, args, kwargs in calls:
+        if not isinstance(model, ModelMixin):
+            continue
+        if context_of(model) is not None:
+            break  # merged already, and `attn` has no slot there: not one of its blocks' attention
+        family = find_family(model)
+        if family is None:
+            continue
+        sites = family.blocks(model)
+        site = next((s for s in sites if any(a.module is attn for a in s.attentions)), None)
+        if site is None:
+            continue
+        if family.merge_only and config.mode != "merge":
+            warnings.warn(
+                f"ToMe mode={config.mode!r} merges nothing on {type(model).__name__}; use mode='merge'.", stacklevel=5
+            )
+        warn_if_merges_nothing(model, config, stacklevel=5)
+        context = install(model, config, family, processor_type)
+        # This forward's pre-hooks ran before the hooks existed: start its context from the calls themselves.
+        context.begin(model, args, kwargs)
+        block_state = context.block_of(site.module)
+        for module, block_args, block_kwargs in calls:
+            if module is site.module and block_state is not None:
+                enter_block(block_state, block_args, block_kwargs)
+        logger.debug("ToMe attached to %s at its first forward", type(model).__name__)
+        return getattr(attn, SLOT_ATTR, None)
     return None

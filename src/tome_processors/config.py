@@ -187,11 +187,6 @@ class ToMeConfig:
         noise = min(max(timestep / self.num_train_timesteps, 0.0), 1.0)
         return level_ratio + (self.ratio_start - level_ratio) * noise
 
-    @property
-    def needs_step_count(self) -> bool:
-        """Whether the timestep's value must be read on the host (schedules and reuse across steps)."""
-        return self.ratio_start is not None or self.recompute_every > 1
-
     def replace(self, **changes: Any) -> ToMeConfig:
         """A copy with `changes` applied (validated again); the original is untouched."""
         return dataclasses.replace(self, **changes)

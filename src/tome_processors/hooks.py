@@ -1,86 +1,249 @@
-"""The block-level merge context: forward hooks that fill and clear `ModelState` / `BlockState`.
+"""The block-level merge context: hooks that fill and clear `ModelState` / `BlockState`.
 
 Which blocks and attention modules get hooks, and where the token grid comes from, is the model
 family's business (`families.py`). A call flows one way:
 model pre-hook (token grid, timestep) -> block pre-hook (raw block input = the metric) ->
 processors and feed-forward hooks (merge, run, unmerge) -> block post-hook (clear).
-No forward is copied and no class is swapped; removing the handles restores the model.
+No forward is copied and no class is swapped; removing the hooks restores the model.
+
+Two kinds of hook, each where it serves:
+
+- The forward path uses plain torch module hooks. They compose with anything else that rewrites
+  a module's `forward`: accelerate's model offload takes its hook off and puts it back after every
+  pipeline call, restoring the `forward` it saw first, which silently drops a diffusers
+  `HookRegistry` wrapper installed after it (checked: such a hook ran in the first pipeline call
+  only). Post-hooks with `always_call=True` clear a block's tensors even when the block raises.
+- One named, stateful diffusers `ModelHook` on the model holds the `ToMeContext` (no attribute of
+  our own on the model) and gets diffusers' per-generation reset: every pipeline ends its
+  `__call__` with `maybe_free_model_hooks()`, which calls `reset_stateful_hooks` on the denoiser.
+  Its forward wrapper does nothing, so losing it to a rewrite of `forward` costs nothing.
+
+The model pre-hook also stands the context down: when no attention module of the model holds a
+ToMe processor any more (`model.set_attn_processor(AttnProcessor2_0())` after ToMe), it removes
+everything ToMe installed, so nothing of ToMe runs from that forward on.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import warnings
 from typing import Any
 
 import torch
+from diffusers.hooks import HookRegistry, ModelHook
+from diffusers.models.attention import AttentionModuleMixin
+from diffusers.models.attention_processor import Attention
+from diffusers.utils.torch_utils import unwrap_module
 
+from ._similarity import is_compiling
 from .arguments import argument
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot, BlockState, ModelState
-from .families import BlockSite, Family, family_of
+from .families import BlockSite, Family, attention_levels, family_of
 
 logger = logging.getLogger(__name__)
 
-#: Attribute on the root model while ToMe is applied: its `ToMeContext`.
-CONTEXT_ATTR = "_tome_context"
+#: Name of ToMe's hook in the model's diffusers `HookRegistry`.
+HOOK_NAME = "tome"
+_REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's `HookRegistry`
+_MISSING = object()
 
 
-@dataclass
+def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every attention module of `model` that holds a processor, in module order."""
+    # `Attention` (UNets, PixArt, SD3) and the newer `AttentionModuleMixin` modules (FluxAttention).
+    return [m for m in model.modules() if isinstance(m, (Attention, AttentionModuleMixin)) and hasattr(m, "processor")]
+
+
+def warn_if_merges_nothing(model: torch.nn.Module, config: ToMeConfig, stacklevel: int) -> None:
+    """Warn when `config` cannot merge anything on `model` (its levels are skipped, or every merge is off)."""
+    levels = attention_levels(model)
+    if config.max_downsample != "auto" and levels and config.max_downsample < min(levels):
+        warnings.warn(
+            f"ToMe with max_downsample={config.max_downsample} merges nothing on {type(model).__name__}: its "
+            f"attention starts at downsample {min(levels)}. Use max_downsample='auto' or >= {min(levels)}.",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
+    elif config.ratio == 0 or not (config.merge_attn or config.merge_crossattn or config.merge_mlp):
+        warnings.warn(
+            "ToMe with this configuration merges nothing (ratio 0 or every merge flag off).", stacklevel=stacklevel + 1
+        )
+
+
 class ToMeContext:
-    """Everything ToMe added to one model, so that removal can take exactly that away."""
+    """Everything ToMe added to one model, so that removal can take exactly that away.
 
-    model_state: ModelState
-    blocks: list[BlockState] = field(default_factory=list)
-    slotted: list[torch.nn.Module] = field(default_factory=list)
-    handles: list[torch.utils.hooks.RemovableHandle] = field(default_factory=list)
+    Attributes:
+        model_state: the state the hooks fill and the processors read.
+        family: the model's family (where its blocks, token grid and timestep are).
+        processor_type: the processor class that reads the slots; while no attention module holds
+            one, the context stands down.
+        blocks: one `BlockState` per block of the family, in order, beside `block_modules`.
+        watched: every attention module of the model (for the stand-down check).
+        slotted: the attention modules given an `AttentionSlot`.
+    """
 
-    def remove(self, model: torch.nn.Module) -> None:
-        for handle in self.handles:
-            handle.remove()
-        for attn in self.slotted:
-            if SLOT_ATTR in attn.__dict__:
-                delattr(attn, SLOT_ATTR)
-        for block in self.blocks:
-            block.reset()
-        self.handles.clear()
-        self.slotted.clear()
-        if CONTEXT_ATTR in model.__dict__:
-            delattr(model, CONTEXT_ATTR)
+    def __init__(self, model_state: ModelState, family: Family, processor_type: type) -> None:
+        self.model_state = model_state
+        self.family = family
+        self.processor_type = processor_type
+        self.blocks: list[BlockState] = []
+        self.block_modules: list[torch.nn.Module] = []
+        self.watched: list[torch.nn.Module] = []
+        self.slotted: list[torch.nn.Module] = []
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.hook: _ContextHook | None = None
+        self.created_registry = False
 
-
-def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None = None) -> ToMeContext:
-    """Install the merge context on `model`: a model pre-hook and hooks on every block of its family."""
-    family = family or family_of(model)
-    context = ToMeContext(
-        ModelState(config=config, auto_downsample=family.auto_downsample(model), needs_row_token=family.needs_row_token)
-    )
-    state = context.model_state
-
-    def model_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+    def begin(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        """Start a forward of `model` called with `args` / `kwargs`: its token grid and timestep."""
+        family, state = self.family, self.model_state
         x = argument(args, kwargs, family.input_position, family.input_name)
-        grid = family.token_grid(module, args, kwargs) if isinstance(x, torch.Tensor) else None
+        grid = family.token_grid(model, args, kwargs) if isinstance(x, torch.Tensor) else None
         if grid is None:
             state.reset()
             return
         state.begin(grid, family.timestep(args, kwargs))
 
-    context.handles.append(model.register_forward_pre_hook(model_pre_hook, with_kwargs=True))
+    def block_of(self, module: torch.nn.Module) -> BlockState | None:
+        for block_module, block in zip(self.block_modules, self.blocks, strict=True):
+            if block_module is module:
+                return block
+        return None
 
+    def holds_processor(self) -> bool:
+        """Whether some attention module still holds a ToMe processor (identity and type checks only)."""
+        kind = self.processor_type
+        # Stops at the first hit: while ToMe is on, that is the first module.
+        return any(isinstance(getattr(attn, "processor", None), kind) for attn in self.watched)
+
+    def reset(self) -> None:
+        """Forget the current generation: token grid, step count, kept merges, block inputs."""
+        self.model_state.reset()
+        for block in self.blocks:
+            block.reset()
+
+    def remove(self, model: torch.nn.Module) -> None:
+        """Take away every hook, slot and registry entry ToMe added to `model`."""
+        model = unwrap_module(model)  # hooks and registry sit on the module `torch.compile` wraps
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        for attn in self.slotted:
+            if SLOT_ATTR in attn.__dict__:
+                delattr(attn, SLOT_ATTR)
+        self.slotted.clear()
+        self.reset()
+        if self.hook is not None:
+            _unregister(model, self.hook, self.created_registry)
+            self.hook = None
+
+    def stand_down(self, model: torch.nn.Module) -> None:
+        """No ToMe processor is left in `model`: take everything away (or, while compiling, merge nothing)."""
+        if is_compiling():  # hooks cannot be taken off inside a traced graph
+            self.reset()
+            return
+        self.remove(model)
+        logger.debug("ToMe stood down on %s: no attention module holds a ToMe processor", type(model).__name__)
+
+
+class _ContextHook(ModelHook):
+    """ToMe's entry in the model's `HookRegistry`: holds the context; resets it between generations."""
+
+    _is_stateful = True
+
+    def __init__(self, context: ToMeContext) -> None:
+        super().__init__()
+        self.context = context
+        self.wrapper: Any = None  # the `forward` the registry set on the model
+
+    def reset_state(self, module: torch.nn.Module) -> torch.nn.Module:
+        self.context.reset()
+        return module
+
+
+def _registry(model: torch.nn.Module) -> HookRegistry | None:
+    registry = getattr(model, _REGISTRY_ATTR, None)  # getattr: reaches through torch.compile's wrapper
+    return registry if isinstance(registry, HookRegistry) else None
+
+
+def context_of(model: torch.nn.Module) -> ToMeContext | None:
+    """The `ToMeContext` installed on `model`, or None."""
+    registry = _registry(model)
+    hook = registry.get_hook(HOOK_NAME) if registry is not None else None
+    return hook.context if isinstance(hook, _ContextHook) else None
+
+
+def _register(model: torch.nn.Module, context: ToMeContext) -> None:
+    context.created_registry = _REGISTRY_ATTR not in model.__dict__
+    hook = _ContextHook(context)
+    HookRegistry.check_if_exists_or_initialize(model).register_hook(hook, HOOK_NAME)
+    hook.wrapper = model.__dict__.get("forward")
+    context.hook = hook
+
+
+def _unregister(model: torch.nn.Module, hook: _ContextHook, created_registry: bool) -> None:
+    registry = model.__dict__.get(_REGISTRY_ATTR)
+    if not isinstance(registry, HookRegistry) or registry.get_hook(HOOK_NAME) is not hook:
+        return
+    current = model.__dict__.get("forward", _MISSING)
+    registry.remove_hook(HOOK_NAME, recurse=False)
+    if current is not hook.wrapper:
+        # Something rewrote `forward` after us (accelerate's offload): the registry would put back
+        # what it saw at registration, so keep what is there now.
+        if current is _MISSING:
+            model.__dict__.pop("forward", None)
+        else:
+            model.__dict__["forward"] = current
+    restored = model.__dict__.get("forward")
+    if getattr(restored, "__self__", None) is model and getattr(restored, "__func__", None) is type(model).forward:
+        del model.__dict__["forward"]  # the registry leaves the class's own forward as an instance attribute
+    if created_registry and not registry.hooks:
+        del model.__dict__[_REGISTRY_ATTR]
+
+
+def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, processor_type: type) -> ToMeContext:
+    """Install the merge context on `model`: a model pre-hook and hooks on every block of its family.
+
+    `processor_type` is the processor class that reads the slots: the context stands down at the
+    first forward in which no attention module of `model` holds one.
+    """
+    model = unwrap_module(model)
+    family = family or family_of(model)
+    state = ModelState(
+        config=config, auto_downsample=family.auto_downsample(model), needs_row_token=family.needs_row_token
+    )
+    context = ToMeContext(state, family, processor_type)
+    context.watched = attention_modules(model)
+
+    def model_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if not context.holds_processor():
+            context.stand_down(module)
+            return
+        context.begin(module, args, kwargs)
+
+    context.handles.append(model.register_forward_pre_hook(model_pre_hook, with_kwargs=True))
     for index, site in enumerate(family.blocks(model)):
         block_state = BlockState(state, index)
         context.blocks.append(block_state)
+        context.block_modules.append(site.module)
         _install_block(context, site, block_state, config)
+    _register(model, context)
     logger.debug("ToMe hooks on %s (%s): %d blocks", type(model).__name__, family.name, len(context.blocks))
     return context
 
 
+def enter_block(block_state: BlockState, args: tuple, kwargs: dict) -> None:
+    """Start a block's forward: its raw input (image tokens, before norm1) is tomesd's similarity metric."""
+    block_state.reset()
+    hidden_states = argument(args, kwargs, 0, "hidden_states")
+    block_state.metric = hidden_states if isinstance(hidden_states, torch.Tensor) else None
+
+
 def _install_block(context: ToMeContext, site: BlockSite, block_state: BlockState, config: ToMeConfig) -> None:
     def block_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        block_state.reset()
-        hidden_states = argument(args, kwargs, 0, "hidden_states")
-        # The raw block input (image tokens), before norm1: tomesd's similarity metric.
-        block_state.metric = hidden_states if isinstance(hidden_states, torch.Tensor) else None
+        enter_block(block_state, args, kwargs)
 
     def block_post_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         block_state.reset()

@@ -27,11 +27,10 @@ from typing import Any
 
 import torch
 
-from .apply import apply_tome, attention_modules, remove_tome, unwrap_processors
-from .attach import discard_pending
+from .apply import apply_tome, remove_tome, unwrap_processors
 from .config import ToMeConfig
 from .families import family_of
-from .hooks import CONTEXT_ATTR
+from .hooks import attention_modules, context_of
 from .processor import ToMeProcessor
 
 logger = logging.getLogger(__name__)
@@ -79,7 +78,8 @@ class _Keeper:
             if callable(original) and name not in self.model.__dict__:
                 self.model.__dict__[name] = _unwrapping(self, original)
                 self.methods.append(name)
-        self.handle = self.model.register_forward_pre_hook(self._pre_hook)
+        # First among the model's pre-hooks: re-wrap before ToMe's own hook checks for ToMe processors.
+        self.handle = self.model.register_forward_pre_hook(self._pre_hook, prepend=True)
         self.model.__dict__[KEEPER_ATTR] = self
 
     def uninstall(self) -> None:
@@ -93,7 +93,7 @@ class _Keeper:
 
     @property
     def active(self) -> bool:
-        return CONTEXT_ATTR in self.model.__dict__
+        return context_of(self.model) is not None
 
     def is_wrapped(self) -> bool:
         """Whether every attention module still holds the wrapper this keeper gave it (identity checks only)."""
@@ -105,23 +105,19 @@ class _Keeper:
     def rewrap(self) -> None:
         if not self.active:  # remove_tome() was called directly: nothing to keep
             return
-        replaced = []
         for index, attn in enumerate(self.attentions):
             processor = attn.processor
             if processor is self.wrappers[index]:
                 continue
             if isinstance(processor, ToMeProcessor):
-                replaced.append(processor)
                 processor = processor.inner
             previous = self.wrappers[index]
             if previous is not None and previous.inner is processor:
                 wrapper = previous  # same inner processor: keep the same wrapper object
             else:
                 wrapper = ToMeProcessor(processor, self.config)
-                replaced.append(wrapper)
             self.wrappers[index] = wrapper
             attn.set_processor(wrapper)
-        discard_pending(replaced)
 
     @contextmanager
     def unwrapped(self) -> Iterator[None]:
@@ -306,7 +302,7 @@ def disable_tome(pipe: Any) -> Any:
 def tome_config_of(pipe: Any) -> ToMeConfig | None:
     """The `ToMeConfig` enabled on `pipe`, or None."""
     state: _PipelineState | None = pipe.__dict__.get(PIPELINE_ATTR)
-    if state is None or not all(CONTEXT_ATTR in m.__dict__ for m in state.models):
+    if state is None or not all(context_of(m) is not None for m in state.models):
         return None
     return state.config
 
@@ -375,7 +371,7 @@ def patch_pipelines() -> None:
         True
         >>> tome_processors.unpatch_pipelines()
     """
-    from diffusers import DiffusionPipeline  # noqa: PLC0415
+    from diffusers import DiffusionPipeline  # here: it loads the pipeline machinery (0.7 s)
 
     for name in _PATCHED_NAMES:
         existing = DiffusionPipeline.__dict__.get(name)
@@ -394,7 +390,7 @@ def unpatch_pipelines() -> None:
     Example:
         >>> tome_processors.unpatch_pipelines()
     """
-    from diffusers import DiffusionPipeline  # noqa: PLC0415
+    from diffusers import DiffusionPipeline  # here: it loads the pipeline machinery (0.7 s)
 
     for name in _PATCHED_NAMES:
         if DiffusionPipeline.__dict__.get(name) is ToMeMixin.__dict__[name]:

@@ -9,6 +9,7 @@ import torch
 from diffusers.models.attention_processor import AttnProcessor2_0
 
 from .arguments import argument
+from .attach import PassedThrough, slot_for_call
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
 from .families import Layout
@@ -68,7 +69,8 @@ class ToMeProcessor(torch.nn.Module):
         >>> unet.set_attn_processor(ToMeProcessor(ratio=0.5))  # doctest: +SKIP
 
     Setting it with `set_attn_processor` attaches the block-level merge context (hooks) to the model
-    on its first forward; `apply_tome(model)` does the same at once and keeps existing processors.
+    at its first call, which already merges; `apply_tome(model)` does the same at once and keeps
+    existing processors. Setting other processors again stands the context down at the next forward.
     """
 
     def __init__(self, inner: Any = None, config: ToMeConfig | None = None, **config_kwargs: Any) -> None:
@@ -85,10 +87,8 @@ class ToMeProcessor(torch.nn.Module):
         # Instance attribute: found by `processor.__call__` lookups (diffusers' signature check)
         # while calls still go through nn.Module.__call__ -> forward.
         self.__dict__["__call__"] = _SignedCall(self, _inner_signature(inner))
-
-        from .attach import register_pending  # noqa: PLC0415 (attach imports this module)
-
-        register_pending(self)
+        # Attention modules where this processor, set without `apply_tome`, found nothing to attach to.
+        self._passed_through = PassedThrough()
 
     def extra_repr(self) -> str:
         return f"inner={type(self.inner).__name__}, config={self.config}"
@@ -111,6 +111,8 @@ class ToMeProcessor(torch.nn.Module):
 
     def forward(self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         slot = getattr(attn, SLOT_ATTR, None)
+        if slot is None:  # set with `set_attn_processor`: attach to the model being called (attach.py)
+            slot = slot_for_call(attn, self.config, type(self), self._passed_through)
         if slot is None or hidden_states.ndim != 3:
             return self.inner(attn, hidden_states, *args, **kwargs)
         if slot.layout is not Layout.IMAGE:  # image tokens next to text tokens (SD3, Flux)

@@ -37,7 +37,6 @@ from __future__ import annotations
 import copy
 import ctypes
 import gc
-import inspect
 import itertools
 import statistics
 import threading
@@ -246,20 +245,6 @@ def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
     return float((out.double() - reference).norm() / reference.norm().clamp_min(1e-300))
 
 
-def begin_forward(state: ModelState, latent_hw: tuple[int, int], timestep: Any) -> None:
-    """`state.begin(latent_hw, timestep)`, as the library's model hook calls it once per forward.
-
-    TEMPORARY ADAPTER, delete at merge: until the core's `ModelState.begin` takes `(latent_hw, timestep)`
-    it still takes `(latent_hw, device, timestep, read_timestep)`; this calls whichever is there, passing
-    what the library's model hook passes. After the merge, call `state.begin(latent_hw, timestep)` directly.
-    """
-    if "read_timestep" in inspect.signature(state.begin).parameters:
-        device = timestep.device if isinstance(timestep, torch.Tensor) else torch.device("cpu")
-        state.begin(latent_hw, device, timestep, state.config.needs_step_count)
-    else:
-        state.begin(latent_hw, timestep)
-
-
 def record_block_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> Recording:
     """Run `forward()` once and record the token grid, the timestep and the raw input of every block.
 
@@ -276,7 +261,7 @@ def record_block_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> R
         if grid is not None:
             timestep = family.timestep(args, kwargs)
             forward_args.append((grid, timestep))
-            begin_forward(state, grid, timestep)
+            state.begin(grid, timestep)
 
     def block_hook(index: int, args: tuple, kwargs: dict) -> None:
         tokens = args[0] if args else kwargs.get("hidden_states")

@@ -36,7 +36,7 @@ from ..config import ToMeConfig
 from ..context import BlockState, ModelState
 from ..families import Family
 from ..merge import pool_tokens
-from .engine import BlockInput, Method, Recording, begin_forward
+from .engine import BlockInput, Method, Recording
 from .meta import package_version
 
 __all__ = [
@@ -131,7 +131,7 @@ def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Record
 
         def run() -> None:
             with torch.inference_mode():
-                begin_forward(state, recording.latent_hw, recording.timestep)
+                state.begin(recording.latent_hw, recording.timestep)
                 for block, recorded in targets:
                     block.reset()
                     if config.mode == "downsample_kv":
