@@ -45,8 +45,9 @@ class ModelState:
         latent_hw: `(H, W)` of the model's token grid in the current (or last) forward.
         timestep: the current forward's timestep as given (a tensor stays on its device).
         timestep_value: the timestep as a number; read on the host only for `ratio_start`.
-        step: forwards since the last `reset()` (diffusers resets stateful hooks after every
-            pipeline call), for `recompute_every`.
+        step: the current forward's index since the last `reset()` (diffusers pipelines reset
+            stateful hooks after every call on models that have `_reset_stateful_cache`), for
+            `recompute_every`.
         num_blocks: blocks registered (`BlockState`), for drawing every block's destinations at once.
         kept: merges kept for `recompute_every`.
     """
@@ -57,7 +58,8 @@ class ModelState:
     latent_hw: tuple[int, int] | None = None
     timestep: object = None
     timestep_value: float | None = None
-    step: int = -1
+    step: int = 0
+    started: bool = False
     num_blocks: int = 0
     kept: dict[tuple, _KeptMerge] = field(default_factory=dict)
     # Per forward: each grid's partitions for every block, and the merges shared within a level. Tuples
@@ -74,7 +76,8 @@ class ModelState:
         self.latent_hw = None
         self.timestep = None
         self.timestep_value = None
-        self.step = -1
+        self.step = 0
+        self.started = False
         self._plans = ()
         self._shared = ()
         self.kept.clear()
@@ -91,7 +94,8 @@ class ModelState:
         self._plans = ()
         self._shared = ()
         if self.config.recompute_every > 1:  # a counter changing every call would make torch.compile recompile
-            self.step += 1
+            self.step += int(self.started)
+            self.started = True
         if self.config.ratio_start is not None:
             self.timestep_value = _timestep_value(timestep)
 
