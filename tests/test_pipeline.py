@@ -197,6 +197,19 @@ def test_enable_changes_images_reproducibly_and_disable_restores_them_bit_for_bi
     assert hooks_left(pipe.unet) == 0 and tome_leftovers(pipe.unet) == [] and tome_leftovers(pipe) == []
 
 
+def test_reuse_across_steps_starts_afresh_with_every_generation(tmp_path, patched):
+    # Three steps with recompute_every=2: without a reset at the end of a call, the next generation's
+    # first step would reuse the last generation's merge, and the same seed would give another image.
+    pipe, args = make_pipeline("sd", tmp_path)
+    args = dict(args, num_inference_steps=3)
+    pipe.enable_tome(ratio=0.5, recompute_every=2)
+    first = generate(pipe, args)
+    assert np.array_equal(generate(pipe, args), first)
+    assert "maybe_free_model_hooks" in vars(pipe)
+    pipe.disable_tome()
+    assert "maybe_free_model_hooks" not in vars(pipe)
+
+
 def test_options_reach_the_config_and_enabling_again_replaces_them(tmp_path, patched):
     pipe, args = make_pipeline("sd", tmp_path)
     pipe.enable_tome(ratio=0.3, max_downsample=2, use_rand=False)

@@ -55,6 +55,8 @@ _MODEL_METHODS = (
 # Pipeline methods that read processors by class without going through a model method (the xFormers
 # switch walks every submodule itself, after the model's own method has returned).
 _PIPELINE_METHODS = ("unload_ip_adapter", "set_ip_adapter_scale", "set_use_memory_efficient_attention_xformers")
+# The pipeline method every `__call__` ends with: ToMe's state is reset after it (`_resetting`).
+_END_OF_CALL = "maybe_free_model_hooks"
 
 
 class _Keeper:
@@ -252,9 +254,29 @@ def enable_tome(
         if callable(original) and name not in pipe.__dict__:
             object.__setattr__(pipe, name, _pipeline_unwrapping(state, original))
             state.methods.append(name)
+    original = getattr(pipe, _END_OF_CALL, None)
+    if callable(original) and _END_OF_CALL not in pipe.__dict__:
+        object.__setattr__(pipe, _END_OF_CALL, _resetting(state, original))
+        state.methods.append(_END_OF_CALL)
     object.__setattr__(pipe, PIPELINE_ATTR, state)
     logger.debug("ToMe enabled on %s: %s", type(pipe).__name__, config)
     return pipe
+
+
+def _resetting(state: _PipelineState, method: Callable[..., Any]) -> Callable[..., Any]:
+    # Every pipeline ends `__call__` with `maybe_free_model_hooks()`, which resets the stateful hooks of
+    # only the models that have `_reset_stateful_cache` (not UNets): a generation ends here for ToMe too,
+    # so reuse across steps (`recompute_every`) starts afresh and the same seed gives the same image.
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = method(*args, **kwargs)
+        for model in state.models:
+            context = context_of(model)
+            if context is not None:
+                context.reset()
+        return result
+
+    return call
 
 
 def _pipeline_unwrapping(state: _PipelineState, method: Callable[..., Any]) -> Callable[..., Any]:
