@@ -26,14 +26,14 @@ from tome_processors.hooks import context_of
 TEXT_DIM, TEXT_LEN, POOLED_DIM = 12, 5, 10
 
 
-def tiny_pixart() -> PixArtTransformer2DModel:
+def tiny_pixart(num_layers: int = 2) -> PixArtTransformer2DModel:
     torch.manual_seed(0)
     return PixArtTransformer2DModel(
         num_attention_heads=2,
         attention_head_dim=8,
         in_channels=4,
         out_channels=8,
-        num_layers=2,
+        num_layers=num_layers,
         cross_attention_dim=16,
         sample_size=8,
         patch_size=2,
@@ -42,13 +42,13 @@ def tiny_pixart() -> PixArtTransformer2DModel:
     ).eval()
 
 
-def tiny_sd3() -> SD3Transformer2DModel:
+def tiny_sd3(num_layers: int = 2) -> SD3Transformer2DModel:
     torch.manual_seed(0)
     return SD3Transformer2DModel(
         sample_size=8,
         patch_size=2,
         in_channels=4,
-        num_layers=2,  # the last block is context_pre_only
+        num_layers=num_layers,  # the last block is context_pre_only
         attention_head_dim=8,
         num_attention_heads=2,
         joint_attention_dim=TEXT_DIM,
@@ -60,13 +60,13 @@ def tiny_sd3() -> SD3Transformer2DModel:
     ).eval()
 
 
-def tiny_flux() -> FluxTransformer2DModel:
+def tiny_flux(num_layers: int = 1, num_single_layers: int = 1) -> FluxTransformer2DModel:
     torch.manual_seed(0)
     return FluxTransformer2DModel(
         patch_size=1,
         in_channels=16,
-        num_layers=1,
-        num_single_layers=1,
+        num_layers=num_layers,
+        num_single_layers=num_single_layers,
         attention_head_dim=16,
         num_attention_heads=2,
         joint_attention_dim=TEXT_DIM,

@@ -13,11 +13,11 @@ import contextlib
 
 import pytest
 import torch
-from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel, UNet2DConditionModel
+from diffusers import UNet2DConditionModel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tome_processors as tp
-from test_dit import POOLED_DIM, TEXT_DIM, flux_inputs, pixart_inputs, sd3_inputs
+from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
 from tome_processors import context as context_module
 
 from models import CROSS_DIM, unet_inputs
@@ -52,55 +52,6 @@ def unet(blocks_per_level: int = 1) -> UNet2DConditionModel:
     ).eval()
 
 
-def pixart(layers: int = 2) -> PixArtTransformer2DModel:
-    torch.manual_seed(0)
-    return PixArtTransformer2DModel(
-        num_attention_heads=2,
-        attention_head_dim=8,
-        in_channels=4,
-        out_channels=8,
-        num_layers=layers,
-        cross_attention_dim=16,
-        sample_size=8,
-        patch_size=2,
-        caption_channels=TEXT_DIM,
-        use_additional_conditions=False,
-    ).eval()
-
-
-def sd3(layers: int = 2) -> SD3Transformer2DModel:
-    torch.manual_seed(0)
-    return SD3Transformer2DModel(
-        sample_size=8,
-        patch_size=2,
-        in_channels=4,
-        num_layers=layers,
-        attention_head_dim=8,
-        num_attention_heads=2,
-        joint_attention_dim=TEXT_DIM,
-        caption_projection_dim=16,
-        pooled_projection_dim=POOLED_DIM,
-        out_channels=4,
-        pos_embed_max_size=16,
-    ).eval()
-
-
-def flux(double: int = 1, single: int = 1) -> FluxTransformer2DModel:
-    torch.manual_seed(0)
-    return FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=16,
-        num_layers=double,
-        num_single_layers=single,
-        attention_head_dim=16,
-        num_attention_heads=2,
-        joint_attention_dim=TEXT_DIM,
-        pooled_projection_dim=POOLED_DIM,
-        guidance_embeds=True,
-        axes_dims_rope=(4, 6, 6),
-    ).eval()
-
-
 def unet_call_inputs(model: UNet2DConditionModel, timestep=500) -> dict:
     sample, _, text, _ = unet_inputs(model, batch=2, height=32, width=32)
     return {"sample": sample, "timestep": torch.tensor(timestep), "encoder_hidden_states": text}
@@ -109,9 +60,9 @@ def unet_call_inputs(model: UNet2DConditionModel, timestep=500) -> dict:
 FAMILIES = {
     # name: (model builder, inputs, timestep key)
     "unet": (unet, lambda model: unet_call_inputs(model)),
-    "pixart": (pixart, lambda model: pixart_inputs()),
-    "sd3": (sd3, lambda model: sd3_inputs()),
-    "flux": (flux, lambda model: flux_inputs()),
+    "pixart": (tiny_pixart, lambda model: pixart_inputs()),
+    "sd3": (tiny_sd3, lambda model: sd3_inputs()),
+    "flux": (tiny_flux, lambda model: flux_inputs()),
 }
 
 OPTIONS = [
@@ -199,27 +150,32 @@ def test_ratio_schedule_reads_the_timestep_once_per_forward(one_thread):
 
 # Models with the real number of merged blocks (SD1.5: five at the first level, PixArt-alpha 28, SD3 24,
 # Flux 19 + 38), tiny otherwise: what a forward sets up once is shared by as many blocks as in the real one.
+REAL_BLOCK_COUNTS = {
+    "unet": (lambda: unet(2), unet_call_inputs),
+    "pixart": (lambda: tiny_pixart(28), lambda model: pixart_inputs()),
+    "sd3": (lambda: tiny_sd3(24), lambda model: sd3_inputs()),
+    # Flux as its pipeline runs it: batch 1 (guidance-distilled, no CFG batch).
+    "flux": (lambda: tiny_flux(19, 38), lambda model: flux_inputs(batch=1)),
+}
 BUDGETS = [
-    # (name, builder, inputs, options, most aten ops per merged block)
-    pytest.param(lambda: unet(2), unet_call_inputs, {}, 30, id="unet"),
-    pytest.param(lambda: pixart(28), lambda m: pixart_inputs(), {}, 30, id="pixart"),
-    pytest.param(lambda: sd3(24), lambda m: sd3_inputs(), {}, 30, id="sd3"),
-    pytest.param(lambda: unet(2), unet_call_inputs, {"share_level": True}, 25, id="unet-share_level"),
-    pytest.param(lambda: pixart(28), lambda m: pixart_inputs(), {"share_level": True}, 12, id="pixart-share_level"),
-    pytest.param(lambda: sd3(24), lambda m: sd3_inputs(), {"share_level": True}, 12, id="sd3-share_level"),
-    # Flux as its pipeline runs it (batch 1, guidance-distilled): over the 30-op target by the rotary tables
-    # gathered for the merged rows and the text tokens cut off and put back in every block. Held here so
-    # that it does not grow. (A batch of several runs attention one sample at a time: each sample's rotary
-    # positions follow its own merge.)
-    pytest.param(lambda: flux(19, 38), lambda m: flux_inputs(batch=1), {}, 42, id="flux"),
-    pytest.param(
-        lambda: flux(19, 38), lambda m: flux_inputs(batch=1), {"share_level": True}, 14, id="flux-share_level"
-    ),
+    # (family, options, most aten ops per merged block)
+    pytest.param("unet", {}, 30, id="unet"),
+    pytest.param("pixart", {}, 30, id="pixart"),
+    pytest.param("sd3", {}, 30, id="sd3"),
+    pytest.param("unet", {"share_level": True}, 25, id="unet-share_level"),
+    pytest.param("pixart", {"share_level": True}, 12, id="pixart-share_level"),
+    pytest.param("sd3", {"share_level": True}, 12, id="sd3-share_level"),
+    # Over the 30-op target by the rotary tables gathered for the merged rows and the text tokens cut off
+    # and put back in every block: held here so that it does not grow. (A batch of several runs attention
+    # one sample at a time: each sample's rotary positions follow its own merge.)
+    pytest.param("flux", {}, 42, id="flux"),
+    pytest.param("flux", {"share_level": True}, 14, id="flux-share_level"),
 ]
 
 
-@pytest.mark.parametrize(("build", "make_inputs", "options", "budget"), BUDGETS)
-def test_aten_ops_per_merged_block_stay_within_budget(build, make_inputs, options, budget, one_thread):
+@pytest.mark.parametrize(("family", "options", "budget"), BUDGETS)
+def test_aten_ops_per_merged_block_stay_within_budget(family, options, budget, one_thread):
+    build, make_inputs = REAL_BLOCK_COUNTS[family]
     model = build()
     inputs = make_inputs(model)
     baseline_ops, _ = count_ops(model, inputs)
