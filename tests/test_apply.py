@@ -10,22 +10,11 @@ from diffusers import AutoencoderKL
 from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 
 import tome_processors as tp
-from pipelines import tiny_vae
 from tome_processors import ToMeProcessor
 
+from leftovers import hooks_left, tome_attributes_left
 from models import run_unet, tiny_unet, unet_inputs
-
-
-def hooks_left(model: torch.nn.Module) -> int:
-    """Torch hooks, diffusers hook registries and instance `forward`s (none of which these models start with)."""
-    return sum(
-        len(m._forward_pre_hooks) + len(m._forward_hooks) + ("_diffusers_hook" in vars(m)) + ("forward" in vars(m))
-        for m in model.modules()
-    )
-
-
-def tome_attributes_left(model: torch.nn.Module) -> list[str]:
-    return [name for m in model.modules() for name in vars(m) if name.startswith("_tome")]
+from pipelines import tiny_vae
 
 
 @pytest.fixture

@@ -14,12 +14,12 @@ from diffusers.models.attention_processor import AttnProcessor, AttnProcessor2_0
 from torch.nn.modules import module as torch_module
 
 import tome_processors as tp
-from pipelines import tiny_vae
-from test_dit import pixart_inputs, run, tiny_pixart
 from tome_processors import ToMeProcessor
 from tome_processors.hooks import HOOK_NAME, attention_modules, context_of
 
 from models import run_unet, tiny_unet, unet_inputs
+from pipelines import tiny_vae
+from test_dit import pixart_inputs, run, tiny_pixart
 
 
 def leftovers(model: torch.nn.Module) -> list[str]:

@@ -12,7 +12,6 @@ import torch
 from PIL import Image
 
 import tome_processors
-from pipelines import tiny_sd_pipeline
 from tome_processors.bench import engine, meta
 from tome_processors.bench.engine import (
     BenchSettings,
@@ -40,6 +39,8 @@ from tome_processors.cli import bench_command
 from tome_processors.cli.main import build_parser, main
 from tome_processors.context import BlockState
 from tome_processors.families import find_family
+
+from pipelines import tiny_sd_pipeline
 
 FAST = ["--quick", "--threads", "1", "--rounds", "1", "--no-progress", "--no-trained-quality"]
 NUMBERS = ("seconds", "speedup", "rel_error", "peak_memory_mib", "memory_before_mib")

@@ -23,6 +23,8 @@ from tome_processors import ToMeConfig, ToMeProcessor
 from tome_processors.families import FAMILIES, grid_from_ids
 from tome_processors.hooks import context_of
 
+from leftovers import hooks_left, tome_attributes_left
+
 TEXT_DIM, TEXT_LEN, POOLED_DIM = 12, 5, 10
 
 
@@ -134,18 +136,6 @@ ARCHS = {
 def run(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
         return model(**inputs).sample
-
-
-def hooks_left(model: torch.nn.Module) -> int:
-    """Torch hooks, diffusers hook registries and instance `forward`s (none of which these models start with)."""
-    return sum(
-        len(m._forward_pre_hooks) + len(m._forward_hooks) + ("_diffusers_hook" in vars(m)) + ("forward" in vars(m))
-        for m in model.modules()
-    )
-
-
-def tome_attributes_left(model: torch.nn.Module) -> list[str]:
-    return [name for m in model.modules() for name in vars(m) if name.startswith("_tome")]
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

@@ -15,7 +15,6 @@ import pytest
 from PIL import Image
 
 import tome_processors as tp
-from pipelines import save_tiny_clip, tiny_sd_pipeline
 from tome_processors.cli.eval_command import main as eval_main
 from tome_processors.cli.main import main
 from tome_processors.evaluate.engine import (
@@ -29,6 +28,8 @@ from tome_processors.evaluate.engine import (
     run_eval,
 )
 from tome_processors.evaluate.report import write_reports
+
+from pipelines import save_tiny_clip, tiny_sd_pipeline
 
 PROMPTS = ["a red cat", "a blue dog", "a green tree"]
 

@@ -17,10 +17,10 @@ from diffusers import UNet2DConditionModel
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tome_processors as tp
-from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
 from tome_processors import context as context_module
 
 from models import CROSS_DIM, unet_inputs
+from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
 
 SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "lift_fresh"}
 

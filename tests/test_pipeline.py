@@ -23,10 +23,11 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
 import tome_processors as tp
-from pipelines import tiny_sd_pipeline, tiny_vae, write_clip_tokenizer
 from tome_processors import ToMeConfig, ToMeMixin, ToMeProcessor
 
+from leftovers import hooks_left
 from models import CROSS_DIM, tiny_unet
+from pipelines import tiny_sd_pipeline, tiny_vae, write_clip_tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -145,14 +146,6 @@ def inner_types(model) -> set[type]:
     processors = model.attn_processors.values()
     assert all(isinstance(p, ToMeProcessor) for p in processors), {type(p).__name__ for p in processors}
     return {type(p.inner) for p in processors}
-
-
-def hooks_left(model: torch.nn.Module) -> int:
-    """Torch hooks, diffusers hook registries and instance `forward`s (UNet pipelines create none of their own)."""
-    return sum(
-        len(m._forward_pre_hooks) + len(m._forward_hooks) + ("_diffusers_hook" in vars(m)) + ("forward" in vars(m))
-        for m in model.modules()
-    )
 
 
 def tome_leftovers(obj) -> list[str]:
