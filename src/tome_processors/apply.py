@@ -17,14 +17,22 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def denoiser_of(pipe: Any) -> torch.nn.Module | None:
+    """A pipeline's denoiser: its `unet`, or else its `transformer`; None when it has neither."""
+    for name in ("unet", "transformer"):
+        candidate = getattr(pipe, name, None)
+        if isinstance(candidate, torch.nn.Module):
+            return candidate
+    return None
+
+
 def _target_models(model_or_pipeline: Any) -> list[torch.nn.Module]:
-    """The denoiser(s) of a pipeline, or the model itself."""
+    """The denoiser of a pipeline, or the model itself."""
     if isinstance(model_or_pipeline, torch.nn.Module):
         return [model_or_pipeline]
-    for name in ("unet", "transformer"):
-        candidate = getattr(model_or_pipeline, name, None)
-        if isinstance(candidate, torch.nn.Module):
-            return [candidate]
+    denoiser = denoiser_of(model_or_pipeline)
+    if denoiser is not None:
+        return [denoiser]
     raise TypeError(
         "Expected a diffusers model (torch.nn.Module) or a pipeline with a `unet` or `transformer`, "
         f"but got {type(model_or_pipeline).__name__}."

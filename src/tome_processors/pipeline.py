@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .apply import apply_tome, remove_tome, unwrap_processors
+from .apply import apply_tome, denoiser_of, remove_tome, unwrap_processors
 from .config import ToMeConfig
 from .families import family_of
 from .hooks import attention_modules, context_of
@@ -174,12 +174,7 @@ def _all_unwrapped(keepers: list[_Keeper]) -> Iterator[None]:
 
 
 def _merged_models(pipe: Any, controlnet: bool) -> list[torch.nn.Module]:
-    denoiser = None
-    for name in ("unet", "transformer"):
-        candidate = getattr(pipe, name, None)
-        if isinstance(candidate, torch.nn.Module):
-            denoiser = candidate
-            break
+    denoiser = denoiser_of(pipe)
     if denoiser is None:
         raise TypeError(
             f"Expected a diffusers pipeline with a `unet` (or `transformer`), but got {type(pipe).__name__}, which "
