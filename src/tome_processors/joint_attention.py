@@ -29,7 +29,9 @@ from .merge import TokenMerge
 _ROTARY = (2, "image_rotary_emb")  # position after hidden_states, and keyword name
 
 
-def run_with_text(processor: Any, slot: Any, attn: torch.nn.Module, hidden_states: torch.Tensor, args, kwargs):
+def run_with_text(
+    processor: Any, slot: Any, attn: torch.nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict
+) -> Any:
     """Run `processor.inner` with the image tokens merged and the text tokens whole (see module doc)."""
     inner = processor.inner
     if processor.config.mode != "merge":  # K/V pooling cannot reach inside joint attention
@@ -106,7 +108,9 @@ def _merged_rotary(rotary: Any, merge: TokenMerge, text_len: int) -> list[Any]:
     return per_sample
 
 
-def _call(inner, attn, merged: torch.Tensor, args: tuple, kwargs: dict, merge: TokenMerge, text_len: int) -> Any:
+def _call(
+    inner: Any, attn: torch.nn.Module, merged: torch.Tensor, args: tuple, kwargs: dict, merge: TokenMerge, text_len: int
+) -> Any:
     rotary = argument(args, kwargs, *_ROTARY)
     if rotary is None:
         return inner(attn, merged, *args, **kwargs)
