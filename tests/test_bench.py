@@ -70,6 +70,7 @@ def test_quick_json_has_every_row_with_finite_numbers(quick_run):
         if row["family"] != "baseline":
             assert math.isfinite(row["overhead_share"]) and row["overhead_share"] > 0
     assert data["meta"]["batch"] == 2 and data["meta"]["tomesd"] and "bench --quick" in data["meta"]["command"]
+    assert data["meta"]["wall_seconds"] > 0 and data["meta"]["rounds"] == 1
 
 
 def test_quick_fidelity(quick_run):

@@ -20,6 +20,7 @@ import datetime
 import importlib.util
 import shlex
 import sys
+import time
 from typing import Any
 
 import torch
@@ -179,7 +180,9 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
             fail("Expected an MPS device for --device mps, but torch sees none.")
 
 
-def _meta(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, model: str, resolution: int) -> dict:
+def _meta(
+    args: argparse.Namespace, device: torch.device, dtype: torch.dtype, model: str, resolution: int, started: float
+) -> dict:
     return {
         "command": "tome-processors " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
@@ -190,6 +193,7 @@ def _meta(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, mo
         "dtype": str(dtype).replace("torch.", ""),
         "rounds": args.rounds,
         "warmup": args.warmup,
+        "wall_seconds": round(time.perf_counter() - started, 1),
         "compile": None if args.compile is None else f"{args.compile} ({args.compile_backend})",
         "machine": machine(device),
         "torch_threads": torch.get_num_threads(),
@@ -204,6 +208,7 @@ def _meta(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, mo
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print the table, write the optional files. Returns an exit code."""
+    started = time.perf_counter()
     parser = getattr(args, "parser", None)
     args.argv = getattr(args, "argv", None)
     _resolve_defaults(args)
@@ -240,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.plot_error == "trained":
         print("note: --plot-error trained needs the trained-quality columns; plotting the random-weight error.")
     rows = run_benchmark(bench.model, methods, bench.forward, settings, extra_metrics=extra_metrics)
-    meta = _meta(args, device, dtype, bench.description, bench.resolution)
+    meta = _meta(args, device, dtype, bench.description, bench.resolution, started)
 
     print(markdown_table(rows))
     print()
