@@ -222,3 +222,25 @@ def test_compiles_in_one_graph_without_recompiling_across_steps(family, one_thre
             inputs["timestep"] = torch.full_like(torch.as_tensor(inputs["timestep"]), t)
             torch.testing.assert_close(forward(compiled, dict(inputs)), expected, rtol=1e-4, atol=1e-5)
     torch._dynamo.reset()
+
+
+def main() -> None:
+    """Print what one forward costs the host per family and option: `python tests/test_host_cost.py`."""
+    torch.set_num_threads(1)
+    print("| family | options | aten ops per merged block | merged blocks | host-sync ops per forward |")
+    print("|---|---|---|---|---|")
+    for family, (build, make_inputs) in REAL_BLOCK_COUNTS.items():
+        for options in ({}, {"use_rand": False}, {"share_level": True}, {"recompute_every": 2}):
+            model = build()
+            inputs = make_inputs(model)
+            baseline_ops, _ = count_ops(model, inputs)
+            tp.apply_tome(model, **options)
+            forward(model, inputs)
+            ops, merged = count_ops(model, inputs)
+            per_block = (sum(ops.values()) - sum(baseline_ops.values())) / max(merged, 1)
+            syncs = sum(max(ops[name] - baseline_ops[name], 0) for name in SYNC_OPS)
+            print(f"| {family} | {options or 'default'} | {per_block:.1f} | {merged} | {syncs} |")
+
+
+if __name__ == "__main__":
+    main()
