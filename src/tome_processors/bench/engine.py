@@ -466,7 +466,14 @@ def _dynamo_limits(methods: int, enabled: bool) -> Iterator[None]:
         yield
         return
     limit = max(8, 2 * methods)
-    with torch._dynamo.config.patch(recompile_limit=limit, accumulated_recompile_limit=max(256, 8 * limit)):
+    # torch >= 2.6 names them recompile_limit; older releases cache_size_limit.
+    old = not hasattr(torch._dynamo.config, "recompile_limit")
+    names = (
+        ("cache_size_limit", "accumulated_cache_size_limit")
+        if old
+        else ("recompile_limit", "accumulated_recompile_limit")
+    )
+    with torch._dynamo.config.patch({names[0]: limit, names[1]: max(256, 8 * limit)}):
         yield
 
 
