@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 import tome_processors
+from tome_processors import ToMeConfig
 from tome_processors.bench import engine, meta
 from tome_processors.bench.engine import (
     BenchSettings,
@@ -25,6 +26,7 @@ from tome_processors.bench.engine import (
 from tome_processors.bench.hostcost import count_aten_ops, measure_host_cost
 from tome_processors.bench.methods import (
     DEFAULT_MODES,
+    _ours_overhead,
     baseline_method,
     mode_methods,
     ours_methods,
@@ -41,6 +43,7 @@ from tome_processors.context import BlockState
 from tome_processors.families import find_family
 
 from pipelines import tiny_sd_pipeline
+from test_dit import flux_inputs, tiny_flux
 
 FAST = ["--quick", "--threads", "1", "--rounds", "1", "--no-progress", "--no-trained-quality"]
 NUMBERS = ("seconds", "speedup", "rel_error", "peak_memory_mib", "memory_before_mib")
@@ -357,3 +360,21 @@ def test_library_version_falls_back_to_the_source_tree(monkeypatch):
     assert meta.library_version() in (meta.package_version("tome-processors"), tome_processors.__version__)
     monkeypatch.setattr(meta, "package_version", lambda name: None)
     assert meta.library_version() == tome_processors.__version__
+
+
+def test_flux_overhead_replay_records_row_tokens_as_a_real_forward_does():
+    model, inputs = tiny_flux(), flux_inputs(batch=1)
+    recording = record_block_inputs(model, lambda: model(**inputs))
+    assert recording.needs_row_token
+    merges = []
+    merge_for = BlockState.merge_for
+
+    def spy(self, config):
+        merge = merge_for(self, config)
+        merges.append(merge)
+        return merge
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BlockState, "merge_for", spy)
+        _ours_overhead(ToMeConfig(ratio=0.5), auto_downsample=1)(recording)()
+    assert merges and all(m is not None and m.row_token is not None for m in merges)

@@ -100,12 +100,15 @@ class Recording(NamedTuple):
         latent_hw: the token grid of the forward (a UNet's latent, a transformer's patch grid).
         timestep: the timestep as the family reads it from the model's arguments.
         blocks: every block call, in call order.
+        needs_row_token: whether the family's merges record the rows' kept tokens (Flux's rotary
+            embeddings), as a real forward's do.
     """
 
     output: Any
     latent_hw: tuple[int, int] | None
     timestep: Any
     blocks: list[BlockInput]
+    needs_row_token: bool = False
 
 
 @dataclass
@@ -284,7 +287,7 @@ def record_block_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> R
         for handle in handles:
             handle.remove()
     latent_hw, timestep = forward_args[-1] if forward_args else (None, None)
-    return Recording(out, latent_hw, timestep, seen)
+    return Recording(out, latent_hw, timestep, seen, family is not None and family.needs_row_token)
 
 
 def _bind_index(hook: Callable[[int, tuple, dict], None], index: int) -> Callable[..., None]:

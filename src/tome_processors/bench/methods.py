@@ -126,7 +126,7 @@ def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Record
     merges_per_block = int(config.merge_attn) + int(config.merge_crossattn) + int(config.merge_mlp)
 
     def build(recording: Recording) -> Callable[[], Any]:
-        state = ModelState(config=config, auto_downsample=auto_downsample)
+        state = ModelState(config=config, auto_downsample=auto_downsample, needs_row_token=recording.needs_row_token)
         targets = [(BlockState(state, block.index), block) for block in recording.blocks if block.h]
 
         def run() -> None:
