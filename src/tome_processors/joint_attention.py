@@ -24,7 +24,7 @@ import torch
 
 from .arguments import argument, replace_argument
 from .families import Layout
-from .merge import TokenMerge
+from .merge import TokenMerge, positions
 
 _ROTARY = (2, "image_rotary_emb")  # position after hidden_states, and keyword name
 
@@ -98,7 +98,7 @@ def _merged_rotary(rotary: Any, merge: TokenMerge, text_len: int) -> list[Any]:
     if cached is not None and cached[0] is tables[0] and cached[1] == text_len:
         return cached[2]
     row_token = merge.row_token.to(tables[0].device)
-    text_positions = torch.arange(text_len, device=row_token.device).expand(row_token.shape[0], text_len)
+    text_positions = positions(text_len, row_token.device).expand(row_token.shape[0], text_len)
     index = torch.cat([text_positions, row_token + text_len], dim=1)
     per_sample = []
     for sample_index in index.unbind(0):

@@ -329,7 +329,9 @@ def match(
         if dst_row.ndim == 1:  # a partition made without `batch`
             dst_row, src_idx = dst_row.expand(B, N), src_idx.expand(B, S)
         token_row = dst_row.scatter(1, src_idx, src_row)
-        token_row = (token_row + _batch_offsets(B, M, metric.device)).view(-1)
+        if B > 1:  # rows of sample b start at b * M
+            token_row = token_row + _batch_offsets(B, M, metric.device)
+        token_row = token_row.view(-1)
         row_size = metric.new_zeros(B * M, 1).index_add_(0, token_row, _ones(B * N, metric.device, metric.dtype))
         row_token = None
         if with_row_token:
@@ -338,23 +340,31 @@ def match(
     return TokenMerge(token_row, row_size, B, N, M, row_token)
 
 
-_OFFSETS: dict[tuple, torch.Tensor] = {}
+#: Small constant tensors made once per shape, device and dtype rather than in every merge (bounded).
+_CONSTANTS: dict[tuple, torch.Tensor] = {}
+_MAX_CONSTANTS = 256
+
+
+def _constant(key: tuple, make) -> torch.Tensor:
+    cached = _CONSTANTS.get(key)
+    if cached is None:
+        if len(_CONSTANTS) >= _MAX_CONSTANTS:
+            _CONSTANTS.clear()
+        cached = _CONSTANTS[key] = make()
+    return cached
 
 
 def _batch_offsets(batch: int, rows: int, device: torch.device) -> torch.Tensor:
-    key = ("offsets", batch, rows, device)
-    cached = _OFFSETS.get(key)
-    if cached is None:
-        cached = _OFFSETS[key] = torch.arange(batch, device=device).view(batch, 1) * rows
-    return cached
+    return _constant(("offsets", batch, rows, device), lambda: torch.arange(batch, device=device).view(batch, 1) * rows)
 
 
 def _ones(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    key = ("ones", n, device, dtype)
-    cached = _OFFSETS.get(key)
-    if cached is None:
-        cached = _OFFSETS[key] = torch.ones(n, 1, device=device, dtype=dtype)
-    return cached
+    return _constant(("ones", n, device, dtype), lambda: torch.ones(n, 1, device=device, dtype=dtype))
+
+
+def positions(n: int, device: torch.device) -> torch.Tensor:
+    """`arange(n)` on `device`, made once."""
+    return _constant(("arange", n, device), lambda: torch.arange(n, device=device))
 
 
 def bipartite_soft_matching_2d(
