@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,8 +21,11 @@ from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 
 import tome_processors as tp
 from tome_processors import ToMeConfig, ToMeProcessor
-from tome_processors.families import FAMILIES, grid_from_ids
+from tome_processors.cli.main import main
+from tome_processors.families import FAMILIES, family_of, grid_from_ids
 from tome_processors.hooks import context_of
+from tome_processors.merge import bipartite_soft_matching_2d, grid_partition
+from tome_processors.pipeline import disable_tome, enable_tome, tome_config_of
 
 from leftovers import hooks_left, tome_attributes_left
 
@@ -418,9 +422,6 @@ def test_pipeline_with_a_transformer(arch):
     tp.remove_tome(pipe)
     assert torch.equal(run(model, inputs), baseline)
 
-    from tome_processors.families import family_of  # noqa: PLC0415
-    from tome_processors.pipeline import disable_tome, enable_tome, tome_config_of  # noqa: PLC0415
-
     assert enable_tome(pipe) is pipe and tp.is_tome_applied(pipe)
     assert tome_config_of(pipe) == family_of(model).default_config()
     merged = run(model, inputs)
@@ -435,7 +436,6 @@ def test_pipeline_with_a_transformer(arch):
 
 @pytest.mark.parametrize(("h", "w", "r"), [(4, 6, 10), (5, 7, 0), (6, 6, 27)])
 def test_row_token_is_a_token_of_its_row_and_the_destination_of_merged_rows(h, w, r):
-    from tome_processors.merge import bipartite_soft_matching_2d, grid_partition  # noqa: PLC0415
 
     metric = torch.randn(3, h * w, 8, generator=torch.Generator().manual_seed(h * w + r))
     merge = bipartite_soft_matching_2d(metric, h, w, 2, 2, r, with_row_token=True)
@@ -452,9 +452,6 @@ def test_row_token_is_a_token_of_its_row_and_the_destination_of_merged_rows(h, w
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_bench_rows_for_transformer_architectures(arch, tmp_path, capsys):
-    import json  # noqa: PLC0415
-
-    from tome_processors.cli.main import main  # noqa: PLC0415
 
     path = tmp_path / f"{arch}.json"
     argv = ["bench", "--quick", "--arch", arch, "--rounds", "1", "--no-progress", "--no-memory", "--ratios", "0.5"]

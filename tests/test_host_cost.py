@@ -261,3 +261,19 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@pytest.mark.parametrize("three_d_ids", [False, True])
+def test_flux_reads_its_grid_once_under_inference_mode(three_d_ids, one_thread):
+    # Inference tensors have no version counter: the same img_ids object must still be read only once.
+    model = tiny_flux()
+    inputs = flux_inputs(batch=1)
+    if three_d_ids:
+        inputs["img_ids"] = inputs["img_ids"].unsqueeze(0)
+    tp.apply_tome(model)
+    with torch.inference_mode():
+        inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        model(**inputs)
+        with OpCounter() as counter:
+            model(**inputs)
+    assert not any(counter.ops[name] for name in SYNC_OPS), {name: counter.ops[name] for name in SYNC_OPS}

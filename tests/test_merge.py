@@ -8,9 +8,11 @@ import torch
 from tome_processors import _similarity
 from tome_processors._similarity import CHUNK_ROWS, _pair_scores, _use_cpu_gemm, best_match
 from tome_processors.merge import (
+    GridLayout,
     bipartite_soft_matching_2d,
     grid_partition,
     level_downsample,
+    match,
     window_choice,
     window_mix,
 )
@@ -119,3 +121,40 @@ def test_every_similarity_dtype_runs_on_cpu_and_mostly_agrees():
         low = bipartite_soft_matching_2d(metric.bfloat16(), 44, 25, 2, 2, 300, similarity_dtype=dtype)
         assert low.num_rows == exact.num_rows
         assert low.merge(metric.bfloat16()).shape == (2, exact.num_rows, 16)
+
+
+@pytest.mark.parametrize(("h", "w", "sx", "sy"), [(8, 8, 2, 2), (5, 7, 2, 2), (5, 4, 3, 1), (3, 7, 1, 3)])
+def test_random_destinations_match_tomesd_given_the_same_choice(h, w, sx, sy, monkeypatch):
+    tomesd = pytest.importorskip("tomesd")
+    # tomesd draws each window's destination with torch.randint; fed the choice the hooks draw, its merge
+    # must equal ours on the batched partitions every block of a forward gets (edges and sx != sy too).
+    g = torch.Generator().manual_seed(h * w)
+    batch, windows = 2, (h // sy) * (w // sx)
+    metric, x = torch.randn(batch, h * w, 8, generator=g), torch.randn(batch, h * w, 5, generator=g)
+    layout = GridLayout.build(h, w, sx, sy)
+    choice = window_choice(window_mix(3, windows, seed=7), torch.tensor(123 * 16), sx * sy)
+    partitions = layout.partitions(choice, batch).unbind()
+    for block, partition in enumerate(partitions):
+        monkeypatch.setattr(
+            torch, "randint", lambda *args, block=block, **kwargs: choice[block].view(h // sy, w // sx, 1)
+        )
+        for r in (1, h * w // 3, h * w - windows):
+            reference_merge, reference_unmerge = tomesd.merge.bipartite_soft_matching_random2d(
+                metric, w, h, sx, sy, r, no_rand=False, generator=torch.Generator()
+            )
+            ours = match(metric, partition, r)
+            torch.testing.assert_close(ours.unmerge(ours.merge(x)), reference_unmerge(reference_merge(x)))
+
+
+def test_window_mix_is_the_same_for_a_block_however_many_blocks_are_drawn():
+    few, many = window_mix(2, 64, seed=3), window_mix(5, 64, seed=3)
+    assert all(torch.equal(a, b[:2]) for a, b in zip(few, many, strict=True))
+    assert (few[0] % 2 == 1).all()  # odd multipliers
+
+
+@pytest.mark.parametrize("seed", [0, 5, 2**31 - 1, 2**40 + 7])
+def test_window_mix_keeps_every_seed_bit_and_values_below_2_to_32(seed):
+    multiplier, offset = window_mix(3, 50, seed)
+    other, _ = window_mix(3, 50, seed + 2**31)  # seeds that differ only above bit 31 differ too
+    assert not torch.equal(multiplier, other)
+    assert 0 <= int(multiplier.min()) and int(multiplier.max()) < 2**32 and int(offset.max()) < 2**32

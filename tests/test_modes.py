@@ -95,6 +95,19 @@ def test_recompute_every_reuses_merges_across_steps(unet, monkeypatch):
     assert calls.count(256) == 3 * 4  # the new generation's step 0
 
 
+def test_recompute_every_counts_two_calls_with_one_timestep_as_one_step(unet, monkeypatch):
+    # Unbatched classifier-free guidance: the pipeline calls the model twice per step with the same
+    # timestep tensor. Both calls are one step, so recompute_every=2 computes on every other step.
+    calls = count_matchings(monkeypatch)
+    sample, _, text, _ = unet_inputs(unet)
+    apply_tome(unet, ratio=0.5, recompute_every=2)
+    for t in (999, 800, 600):
+        timestep = torch.tensor(t)
+        run_unet(unet, sample, timestep, text)  # conditional
+        run_unet(unet, sample, timestep, text)  # unconditional
+    assert calls.count(256) == 3 * 2  # steps 0 and 2 compute, 3 blocks each
+
+
 def test_level_ratios(unet):
     inputs = unet_inputs(unet)
     baseline = run_unet(unet, *inputs)

@@ -61,9 +61,9 @@ class ToMeConfig:
         share_level: compute one merge per level and forward, from the first block of the level,
             and share it with the other blocks of that level (cheaper, slightly different).
         recompute_every: recompute merges every this many denoising steps and reuse them in
-            between (1 = every forward, as tomesd). Steps are the model's forwards, counted on the
-            host since the last reset (diffusers pipelines reset after every call), so the timestep
-            is never read back from the device.
+            between (1 = every forward, as tomesd). A forward with another timestep object than the
+            last is a new step, counted on the host since the last reset (after every call of a
+            pipeline with `enable_tome`), so the timestep is never read back from the device.
         level_ratios: a ratio per downsample level, e.g. `{1: 0.6, 2: 0.3}`; levels not listed are
             not merged and `max_downsample` is not used. Stored as sorted `(level, ratio)` pairs, so
             the config stays hashable.

@@ -8,6 +8,7 @@ input and the merges computed from it. Hooks fill and clear them; processors onl
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -45,9 +46,9 @@ class ModelState:
         latent_hw: `(H, W)` of the model's token grid in the current (or last) forward.
         timestep: the current forward's timestep as given (a tensor stays on its device).
         timestep_value: the timestep as a number; read on the host only for `ratio_start`.
-        step: the current forward's index since the last `reset()` (diffusers pipelines reset
-            stateful hooks after every call on models that have `_reset_stateful_cache`), for
-            `recompute_every`.
+        step: denoising steps since the last `reset()`, for `recompute_every`: a forward with another
+            timestep object (or number) than the last is a new step, so two calls of one step (an
+            unbatched classifier-free guidance) share it; nothing is read from the device.
         num_blocks: blocks registered (`BlockState`), for drawing every block's destinations at once.
         kept: merges kept for `recompute_every`.
     """
@@ -59,7 +60,6 @@ class ModelState:
     timestep: object = None
     timestep_value: float | None = None
     step: int = 0
-    started: bool = False
     num_blocks: int = 0
     kept: dict[tuple, _KeptMerge] = field(default_factory=dict)
     # Per forward: each grid's partitions for every block, and the merges shared within a level. Tuples
@@ -67,9 +67,15 @@ class ModelState:
     # after a dict mutation.
     _plans: tuple = ()
     _shared: tuple = ()
-    # Per grid and device, built once: `GridLayout`s and the per-block hash values of the random choice.
+    # Per grid and device, built once (bounded): `GridLayout`s, the per-block hash values of the random
+    # choice, and the fixed partitions.
     _layouts: dict[tuple, GridLayout] = field(default_factory=dict)
-    _mixes: dict[tuple, torch.Tensor] = field(default_factory=dict)
+    _mixes: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _fixed_partitions: dict[tuple, Partition] = field(default_factory=dict)
+    # What tells a new step (`recompute_every`): the last timestep (a weak reference to a tensor, or a
+    # number) and whether the last forward ran in inference mode.
+    _last_timestep: object = None
+    _inference: bool | None = None
 
     def reset(self) -> None:
         """Forget the current generation: the next forward is its first step."""
@@ -77,7 +83,7 @@ class ModelState:
         self.timestep = None
         self.timestep_value = None
         self.step = 0
-        self.started = False
+        self._last_timestep = None
         self._plans = ()
         self._shared = ()
         self.kept.clear()
@@ -93,32 +99,43 @@ class ModelState:
         self.timestep = timestep
         self._plans = ()
         self._shared = ()
-        if self.config.recompute_every > 1:  # a counter changing every call would make torch.compile recompile
-            self.step += int(self.started)
-            self.started = True
+        if self.config.recompute_every > 1:  # host counting: reuse across steps is for eager runs
+            self._count_step(timestep)
         if self.config.ratio_start is not None:
             self.timestep_value = _timestep_value(timestep)
+
+    def _count_step(self, timestep: object) -> None:
+        last = self._last_timestep
+        if isinstance(timestep, torch.Tensor):
+            same = isinstance(last, weakref.ref) and last() is timestep
+            self._last_timestep = weakref.ref(timestep)
+        else:
+            same = last is not None and not isinstance(last, weakref.ref) and last == timestep
+            self._last_timestep = timestep
+        if last is not None and not same:
+            self.step += 1
+        inference = torch.is_inference_mode_enabled()
+        if inference != self._inference:  # merges made in inference mode cannot be reused with autograd on
+            self.kept.clear()
+            self._inference = inference
 
     def max_downsample(self, config: ToMeConfig) -> int:
         return self.auto_downsample if config.max_downsample == "auto" else int(config.max_downsample)
 
     def layout(self, grid: Grid, config: ToMeConfig, device: torch.device) -> GridLayout:
         key = (grid.h, grid.w, config.sx, config.sy, device)
-        layout = self._layouts.get(key)
-        if layout is None:
-            layout = self._layouts[key] = GridLayout.build(grid.h, grid.w, config.sx, config.sy, device)
-        return layout
+        return _cached(self._layouts, key, lambda: GridLayout.build(grid.h, grid.w, config.sx, config.sy, device))
 
     def partitions(self, config: ToMeConfig, grid: Grid, batch: int, device: torch.device) -> list[Partition]:
         """This forward's partition of `grid` for every block (one list entry per block, or one for all)."""
-        key = (config, grid, batch % 2 == 0, device)
+        key = (config, grid, batch, device)
         for plan_key, plan in self._plans:
             if plan_key == key:
                 return plan
         layout = self.layout(grid, config, device)
         # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd).
         if config.use_rand and batch % 2 == 0:
-            choice = window_choice(self._mix(config, layout, device), self._step_key(device), layout.places)
+            choice = window_choice(self._mix(config, layout, device), self._step_key(), layout.places)
             plan = layout.partitions(choice, batch).unbind()
         else:
             plan = [self._fixed(layout, batch)]
@@ -126,20 +143,14 @@ class ModelState:
         return plan
 
     def _fixed(self, layout: GridLayout, batch: int) -> Partition:
-        key = ("fixed", layout.h, layout.w, layout.sx, layout.sy, layout.origins.device, batch)
-        fixed = self._mixes.get(key)
-        if fixed is None:
-            fixed = self._mixes[key] = layout.fixed(batch)
-        return fixed
+        key = (layout.h, layout.w, layout.sx, layout.sy, layout.origins.device, batch)
+        return _cached(self._fixed_partitions, key, lambda: layout.fixed(batch))
 
     def _mix(self, config: ToMeConfig, layout: GridLayout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (config.seed, max(self.num_blocks, 1), layout.windows, device)
-        mix = self._mixes.get(key)
-        if mix is None:
-            mix = self._mixes[key] = window_mix(key[1], layout.windows, config.seed, device)
-        return mix
+        return _cached(self._mixes, key, lambda: window_mix(key[1], layout.windows, config.seed, device))
 
-    def _step_key(self, device: torch.device) -> torch.Tensor | int:
+    def _step_key(self) -> torch.Tensor | int:
         timestep = self.timestep
         if isinstance(timestep, torch.Tensor):
             # Sixteenths of a step tell fractional (Karras/Euler) timesteps apart; computed on the device.
@@ -148,6 +159,18 @@ class ModelState:
             return key if not key.is_floating_point() else key.long()
         # A Python number (or none): a Python key, no tensor made from it.
         return int(float(timestep) * 16) if timestep is not None else 0
+
+
+_MAX_CACHED = 16  # grids (image sizes) and batch sizes kept per model; the oldest go first
+
+
+def _cached(cache: dict, key: tuple, make):
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= _MAX_CACHED:
+            del cache[next(iter(cache))]
+        value = cache[key] = make()
+    return value
 
 
 def _timestep_value(timestep: object) -> float | None:

@@ -269,7 +269,7 @@ class FluxFamily(Family):
     defaults: dict[str, Any] = {"ratio": 0.3}
 
     def __init__(self) -> None:
-        self._last: tuple[weakref.ref, int, int, tuple[int, int] | None] | None = None
+        self._last: tuple[weakref.ref, object, int, tuple[int, int] | None] | None = None
         self._warned = False
 
     def matches(self, model: torch.nn.Module) -> bool:
@@ -288,18 +288,19 @@ class FluxFamily(Family):
         ids = argument(args, kwargs, 4, "img_ids")
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or not isinstance(ids, torch.Tensor):
             return None
-        if ids.ndim == 3:
-            ids = ids[0]
+        given = ids  # the object the pipeline passes every step (a 3-D one is sliced below)
         last = self._last
         if is_compiling():  # reading ids is a host sync torch.compile cannot trace: the grid an eager call read
             return last[3] if last is not None and last[2] == x.shape[1] else None
-        # Pipelines pass the same img_ids every step: read them once (inference tensors have no
-        # version counter to tell an in-place change, so those are read every time).
-        version = -1 if ids.is_inference() else ids._version
-        if last is not None and version >= 0 and last[0]() is ids and last[1:3] == (version, x.shape[1]):
+        # Pipelines pass the same img_ids every step: read them once. A version counter tells an in-place
+        # change; inference tensors have none, so there the storage and shape stand for it.
+        version = (-1, given.data_ptr(), tuple(given.shape)) if given.is_inference() else given._version
+        if last is not None and last[0]() is given and last[1:3] == (version, x.shape[1]):
             return last[3]
+        if ids.ndim == 3:
+            ids = ids[0]
         grid = grid_from_ids(ids, int(x.shape[1]))
-        self._last = (weakref.ref(ids), version, int(x.shape[1]), grid)
+        self._last = (weakref.ref(given), version, int(x.shape[1]), grid)
         if grid is None and not self._warned:
             self._warned = True
             warnings.warn(

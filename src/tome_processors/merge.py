@@ -29,7 +29,6 @@ __all__ = [
     "Partition",
     "TokenMerge",
     "bipartite_soft_matching_2d",
-    "fixed_partition",
     "grid_partition",
     "match",
     "pool_tokens",
@@ -96,8 +95,9 @@ class Partition:
 
     Attributes:
         perm: `(N,)` long, the source tokens then the destination tokens.
-        dst_row: `(N,)` long, at each destination token its index among the destinations (0 elsewhere):
-            the row it heads in a merge, where destinations come first.
+        dst_row: `(N,)` (or expanded to `(B, N)` for a batch) long: every token's window (0 at the
+            edges), which at a destination token is its index among the destinations: the row it heads
+            in a merge, where destinations come first. `match` overwrites the sources' entries.
         src_idx: `(S,)` the sources (`perm[:S]`), kept apart so a merge slices nothing.
         dst_idx: `(D,)` the destinations (`perm[S:]`), in window order.
     """
@@ -188,6 +188,8 @@ class GridLayout:
         """`window_of_token` expanded to `(batch, N)`, made once per batch size."""
         expanded = self._batched.get(batch)
         if expanded is None:
+            if len(self._batched) >= 16:
+                self._batched.clear()
             expanded = self._batched[batch] = self.window_of_token.expand(batch, -1)
         return expanded
 
@@ -213,17 +215,6 @@ class GridLayout:
         """Every window's top-left token as its destination (tomesd's `no_rand`)."""
         choice = torch.zeros(1, self.windows, dtype=torch.long, device=self.origins.device)
         return self.partitions(choice, batch).unbind()[0]
-
-
-def fixed_partition(h: int, w: int, sx: int, sy: int, device: torch.device | str = "cpu") -> Partition:
-    """The partition with every window's top-left token as its destination (tomesd's `no_rand`).
-
-    Example:
-        >>> p = fixed_partition(2, 4, sx=2, sy=2)
-        >>> p.dst_idx.tolist(), sorted(p.src_idx.tolist())
-        ([0, 2], [1, 3, 4, 5, 6, 7])
-    """
-    return GridLayout.build(h, w, sx, sy, device).fixed()
 
 
 def grid_partition(
@@ -253,35 +244,43 @@ def window_mix(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Two `(blocks, windows)` long tensors: per (seed, block, window) an odd multiplier and an offset.
 
-    Built once per grid; `window_choice` turns it and a per-step key into destination places.
+    Built once per grid; `window_choice` turns it and a per-step key into destination places. Block
+    `i`'s values do not depend on how many blocks are drawn, and every product stays below 2^63.
     """
-    x = torch.arange(blocks * windows * 2, device=device, dtype=torch.long) + (seed & 0x7FFFFFFF) * 0x9E3779B1
+    seed_hash = 0
+    while True:  # every bit of a seed of any size, folded into 32
+        seed_hash = (seed_hash * 0x9E3779B1 + (seed & _MASK32)) & _MASK32
+        seed >>= 32
+        if not seed:
+            break
+    x = (torch.arange(blocks * windows * 2, device=device, dtype=torch.long) + seed_hash) & _MASK32
     x = (x * 0x2545F491) & _MASK32
     for multiplier in (0x7FEB352D, 0x46B1A4A5):  # two rounds of a 32-bit xorshift-multiply mix
         x = x ^ (x >> 15)
-        x = (x * multiplier) & _MASK32  # < 2^32 * 2^31, no int64 overflow
+        x = (x * multiplier) & _MASK32  # < 2^32 * 2^31
     x = x ^ (x >> 16)
-    multiplier, offset = x.view(2, blocks, windows)
+    multiplier, offset = x.view(blocks, windows, 2).unbind(-1)
     return multiplier | 1, offset
 
 
 def window_choice(mix: tuple[torch.Tensor, torch.Tensor], key: torch.Tensor | int, places: int) -> torch.Tensor:
     """A reproducible pseudo-random destination place per block and window, with no RNG state.
 
-    `((a * key + b) >> 16) mod places` for the per-window hash values `(a, b)` of `window_mix`: four
+    `((a * key + b) >> 16) mod places` for the per-window hash values `(a, b)` of `window_mix`: five
     integer ops on the device for every block at once, so it runs inside torch.compile, never reads the
     key back to the host and never touches the global RNG.
 
     Args:
         mix: `window_mix(...)`, two `(K, W)` tensors.
-        key: a long tensor of one element, or an int (from the timestep; `mix` holds the seed and block).
+        key: a long tensor of one element, or an int (from the timestep; `mix` holds the seed and block);
+            its low 31 bits are used.
         places: destination places per window (`sx * sy`).
 
     Returns:
         `(K, W)` long in `[0, places)`.
     """
     multiplier, offset = mix
-    return ((multiplier * key + offset) >> 16) % places  # < 2^32 * 2^31, no int64 overflow
+    return ((multiplier * (key & 0x7FFFFFFF) + offset) >> 16) % places  # < 2^32 * 2^31 + 2^32
 
 
 def _identity(batch: int, num_tokens: int, device: torch.device, dtype: torch.dtype) -> TokenMerge:
