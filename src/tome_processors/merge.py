@@ -131,7 +131,7 @@ class GridLayout:
 
     Attributes:
         h, w, sx, sy: the grid and its windows.
-        origins: `(W,)` each full window's top-left token.
+        origins: `(1, W, 1)` each full window's top-left token (shaped to add to a `(K, W, places)` choice).
         place_order: `(sx * sy, sx * sy)` token offsets within a window: row c lists the places other
             than c, then c (sources, then the destination).
         edges: `(E,)` the tokens outside every full window (always sources).
