@@ -16,7 +16,7 @@ import torch
 
 from .config import ToMeConfig
 from .families import Layout
-from .merge import GridLayout, Partition, TokenMerge, level_downsample, match, window_choice, window_mix
+from .merge import GridLayout, Partition, TokenMerge, cached, level_downsample, match, window_choice, window_mix
 
 _MAX_KEPT_MERGES = 256  # bound on merges kept for reuse across blocks/steps
 
@@ -124,7 +124,7 @@ class ModelState:
 
     def layout(self, grid: Grid, config: ToMeConfig, device: torch.device) -> GridLayout:
         key = (grid.h, grid.w, config.sx, config.sy, device)
-        return _cached(self._layouts, key, lambda: GridLayout.build(grid.h, grid.w, config.sx, config.sy, device))
+        return cached(self._layouts, key, lambda: GridLayout.build(grid.h, grid.w, config.sx, config.sy, device))
 
     def partitions(self, config: ToMeConfig, grid: Grid, batch: int, device: torch.device) -> list[Partition]:
         """This forward's partition of `grid` for every block (one list entry per block, or one for all)."""
@@ -144,11 +144,11 @@ class ModelState:
 
     def _fixed(self, layout: GridLayout, batch: int) -> Partition:
         key = (layout.h, layout.w, layout.sx, layout.sy, layout.origins.device, batch)
-        return _cached(self._fixed_partitions, key, lambda: layout.fixed(batch))
+        return cached(self._fixed_partitions, key, lambda: layout.fixed(batch))
 
     def _mix(self, config: ToMeConfig, layout: GridLayout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (config.seed, max(self.num_blocks, 1), layout.windows, device)
-        return _cached(self._mixes, key, lambda: window_mix(key[1], layout.windows, config.seed, device))
+        return cached(self._mixes, key, lambda: window_mix(key[1], layout.windows, config.seed, device))
 
     def _step_key(self) -> torch.Tensor | int:
         timestep = self.timestep
@@ -159,18 +159,6 @@ class ModelState:
             return key if not key.is_floating_point() else key.long()
         # A Python number (or none): a Python key, no tensor made from it.
         return int(float(timestep) * 16) if timestep is not None else 0
-
-
-_MAX_CACHED = 16  # grids (image sizes) and batch sizes kept per model; the oldest go first
-
-
-def _cached(cache: dict, key: tuple, make):
-    value = cache.get(key)
-    if value is None:
-        if len(cache) >= _MAX_CACHED:
-            del cache[next(iter(cache))]
-        value = cache[key] = make()
-    return value
 
 
 def _timestep_value(timestep: object) -> float | None:

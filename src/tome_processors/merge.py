@@ -19,7 +19,9 @@ drawn for many blocks at once (`GridLayout.partitions`), and nothing reads a ten
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -38,6 +40,7 @@ __all__ = [
 ]
 
 _MASK32 = 0xFFFFFFFF
+T = TypeVar("T")
 
 
 class TokenMerge:
@@ -154,7 +157,7 @@ class GridLayout:
     place_order: torch.Tensor
     edges: torch.Tensor
     window_of_token: torch.Tensor
-    _batched: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    _batched: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(cls, h: int, w: int, sx: int, sy: int, device: torch.device | str = "cpu") -> GridLayout:
@@ -193,12 +196,7 @@ class GridLayout:
 
     def dst_row(self, batch: int) -> torch.Tensor:
         """`window_of_token` expanded to `(batch, N)`, made once per batch size."""
-        expanded = self._batched.get(batch)
-        if expanded is None:
-            if len(self._batched) >= 16:
-                self._batched.clear()
-            expanded = self._batched[batch] = self.window_of_token.expand(batch, -1)
-        return expanded
+        return cached(self._batched, (batch,), lambda: self.window_of_token.expand(batch, -1))
 
     def partitions(self, choice: torch.Tensor, batch: int | None = None) -> Partition:
         """A stack of partitions, one per row of `choice` `(K, W)` (each window's destination place).
@@ -346,18 +344,26 @@ def match(
     return TokenMerge(flat_row, row_size, B, N, M, row_token, token_rows=token_row)
 
 
-#: Small constant tensors made once per shape, device and dtype rather than in every merge (bounded).
+def cached(cache: dict, key: tuple, make: Callable[[], T], limit: int = 16) -> T:
+    """`cache[key]`, made by `make()` the first time; at most `limit` entries, the oldest dropped first.
+
+    What depends only on a grid, batch size, device or dtype is made once this way instead of in every
+    merge, and a server that sees many image sizes does not accumulate it.
+    """
+    value = cache.get(key)
+    if value is None:
+        if len(cache) >= limit:
+            del cache[next(iter(cache))]
+        value = cache[key] = make()
+    return value
+
+
+#: Small constant tensors (row offsets, ones, positions) shared by every merge of the process.
 _CONSTANTS: dict[tuple, torch.Tensor] = {}
-_MAX_CONSTANTS = 256
 
 
-def _constant(key: tuple, make) -> torch.Tensor:
-    cached = _CONSTANTS.get(key)
-    if cached is None:
-        if len(_CONSTANTS) >= _MAX_CONSTANTS:
-            _CONSTANTS.clear()
-        cached = _CONSTANTS[key] = make()
-    return cached
+def _constant(key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    return cached(_CONSTANTS, key, make, limit=256)
 
 
 def _batch_offsets(batch: int, rows: int, device: torch.device) -> torch.Tensor:
