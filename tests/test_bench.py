@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import subprocess
 import sys
@@ -348,12 +349,21 @@ def test_default_and_full_grids():
     assert [m.name for m in methods] == names and notes == []
 
 
-def test_half_precision_model_builds_without_the_float32_warning(caplog):
-    for arch in ("sd15", "pixart"):
-        build_model(arch=arch, quick=True, dtype=torch.float16)
-    assert not [r for r in caplog.records if "kept in float32" in r.getMessage()]
-    build_unet("tiny").to(torch.float16)  # diffusers' own cast does warn: the check above can fail
-    assert [r for r in caplog.records if "kept in float32" in r.getMessage()]
+def test_half_precision_model_builds_without_the_float32_warning():
+    # diffusers' library logger may not propagate to the root logger (caplog), so listen on it directly.
+    records: list[logging.LogRecord] = []
+    listener = logging.Handler()
+    listener.emit = records.append
+    diffusers_logger = logging.getLogger("diffusers")
+    diffusers_logger.addHandler(listener)
+    try:
+        for arch in ("sd15", "pixart"):
+            build_model(arch=arch, quick=True, dtype=torch.float16)
+        assert not [r for r in records if "kept in float32" in r.getMessage()]
+        build_unet("tiny").to(torch.float16)  # diffusers' own cast does warn: the check above can fail
+        assert [r for r in records if "kept in float32" in r.getMessage()]
+    finally:
+        diffusers_logger.removeHandler(listener)
 
 
 def test_library_version_falls_back_to_the_source_tree(monkeypatch):
