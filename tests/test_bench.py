@@ -26,7 +26,6 @@ from tome_processors.bench.engine import (
 )
 from tome_processors.bench.hostcost import count_aten_ops, measure_host_cost
 from tome_processors.bench.methods import (
-    DEFAULT_MODES,
     _ours_overhead,
     baseline_method,
     mode_methods,
@@ -40,13 +39,14 @@ from tome_processors.bench.report import format_number, json_safe, markdown_tabl
 from tome_processors.bench.unet import build_unet, make_inputs
 from tome_processors.cli import bench_command
 from tome_processors.cli.main import build_parser, main
+from tome_processors.config import PRESETS
 from tome_processors.context import BlockState
 from tome_processors.families import find_family
 
 from pipelines import tiny_sd_pipeline
 from test_dit import flux_inputs, tiny_flux
 
-FAST = ["--quick", "--threads", "1", "--rounds", "1", "--no-progress", "--no-trained-quality"]
+FAST = ["--quick", "--threads", "1", "--rounds", "1", "--no-progress", "--no-trained-quality", "--presets", "none"]
 NUMBERS = ("seconds", "speedup", "rel_error", "peak_memory_mib", "memory_before_mib")
 
 
@@ -151,7 +151,8 @@ def test_pipeline_grid_on_a_saved_tiny_pipeline(tmp_path):
     tiny_sd_pipeline(tmp_path).save_pretrained(tmp_path / "pipe")
     grid, path = tmp_path / "grid.png", tmp_path / "p.json"
     argv = ["bench", "--model", str(tmp_path / "pipe"), "--pipeline", "--resolution", "32", "--steps", "2"]
-    argv += ["--ratios", "0.5", "--modes", "kv-avg", "--rounds", "1", "--threads", "1", "--no-progress"]
+    argv += ["--ratios", "0.5", "--modes", "kv-avg", "--presets", "none", "--rounds", "1", "--threads", "1"]
+    argv += ["--no-progress"]
     assert main([*argv, "--grid", str(grid), "--json", str(path)]) == 0
     assert len(json.loads(path.read_text())["rows"]) == 4  # baseline, ours, tomesd, kv-avg
     with Image.open(grid) as image:
@@ -336,16 +337,17 @@ def test_compile_option_on_the_cli(tmp_path):
 def test_default_and_full_grids():
     args = build_parser().parse_args(["bench"])
     bench_command._resolve_defaults(args)
-    assert (args.ratios, args.modes, args.rounds) == ([0.5], list(DEFAULT_MODES), 3)
+    assert (args.ratios, args.modes, args.presets, args.rounds) == ([], [], list(PRESETS), 3)
     args = build_parser().parse_args(["bench", "--full"])
     bench_command._resolve_defaults(args)
     assert args.ratios == [0.3, 0.5, 0.7] and len(args.modes) == 8 and args.rounds == 5
+    assert args.presets == list(PRESETS)
     args = build_parser().parse_args(["bench", "--full", "--ratios", "0.4", "--rounds", "2"])
     bench_command._resolve_defaults(args)
     assert (args.ratios, args.rounds) == ([0.4], 2)
     unet = build_unet("tiny")
     methods, notes = pick_methods(unet, find_family(unet))
-    names = ["baseline", "ours r=0.5", "tomesd r=0.5", "ours kv4-avg", "ours kv-nearest"]
+    names = ["baseline", "ours exact r=0.5", "ours balanced", "ours fast", "tomesd r=0.5"]
     assert [m.name for m in methods] == names and notes == []
 
 

@@ -21,8 +21,10 @@ from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 
 import tome_processors as tp
 from tome_processors import ToMeConfig, ToMeProcessor
+from tome_processors.bench.methods import preset_methods
 from tome_processors.cli.main import main
-from tome_processors.families import FAMILIES, family_of, grid_from_ids
+from tome_processors.config import PRESETS
+from tome_processors.families import grid_from_ids
 from tome_processors.hooks import context_of
 from tome_processors.merge import bipartite_soft_matching_2d, grid_partition
 from tome_processors.pipeline import disable_tome, enable_tome, tome_config_of
@@ -174,17 +176,17 @@ def test_other_configurations_run_finite_and_differ(arch, options):
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_family_defaults_are_used_without_a_config(arch):
     model, inputs = ARCHS[arch].build(), ARCHS[arch].inputs()
-    family = FAMILIES[arch]()
-    assert family.default_config() != ToMeConfig()  # the defaults of this family are its own
+    assert ToMeConfig.for_model(model) == ToMeConfig.for_model(arch)  # by model or by family name
+    assert ToMeConfig.for_model(model) != ToMeConfig()  # the defaults of this family are its own
 
-    tp.apply_tome(model, config=family.default_config())
+    tp.apply_tome(model, config=ToMeConfig.for_model(model))
     expected = run(model, inputs)
     tp.apply_tome(model)
     assert torch.equal(run(model, inputs), expected)
     tp.apply_tome(model, config=ToMeConfig())
     assert not torch.equal(run(model, inputs), expected)
     tp.apply_tome(model, seed=5)  # keyword options override the family's defaults
-    assert context_of(model).model_state.config == family.default_config(seed=5)
+    assert context_of(model).model_state.config == ToMeConfig.for_model(model, seed=5)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -423,7 +425,7 @@ def test_pipeline_with_a_transformer(arch):
     assert torch.equal(run(model, inputs), baseline)
 
     assert enable_tome(pipe) is pipe and tp.is_tome_applied(pipe)
-    assert tome_config_of(pipe) == family_of(model).default_config()
+    assert tome_config_of(pipe) == ToMeConfig.for_model(model)
     merged = run(model, inputs)
     assert not torch.allclose(merged, baseline, atol=1e-4)
     # Processors replaced while enabled (here: the same inner ones set again) are wrapped again.
@@ -458,7 +460,9 @@ def test_bench_rows_for_transformer_architectures(arch, tmp_path, capsys):
     assert main([*argv, "--modes", "kv-avg", "bf16", "--json", str(path)]) == 0
     rows = {row["name"]: row for row in json.loads(path.read_text())["rows"]}
     pooled = ["ours kv-avg"] if arch == "pixart" else []  # joint attention has no K/V pooling
-    assert sorted(rows) == sorted(["baseline", "ours r=0.5", "ours bf16-sim r=0.5", *pooled])  # no tomesd rows
+    presets = [m.name for m in preset_methods(PRESETS, arch, auto_downsample=1)]
+    assert sorted(rows) == sorted(["baseline", "ours r=0.5", "ours bf16-sim r=0.5", *presets, *pooled])  # no tomesd
+    assert len(set(presets)) == 3 and all(rows[name]["rel_error"] > 0 for name in presets)
     for name in ("ours r=0.5", "ours bf16-sim r=0.5"):
         assert 0.0 < rows[name]["rel_error"] < 1.0
         assert rows[name]["overhead_share"] > 0  # the block inputs were recorded on the patch grid

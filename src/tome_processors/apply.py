@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from .config import ToMeConfig
+from .config import Preset, ToMeConfig
 from .families import Family, family_of
 from .hooks import attention_modules, context_of, install, warn_if_merges_nothing
 from .processor import ToMeProcessor
@@ -53,7 +53,20 @@ def unwrap_processors(model: torch.nn.Module) -> None:
             attn.set_processor(attn.processor.inner)
 
 
-def apply_tome(model_or_pipeline: T, config: ToMeConfig | None = None, **kwargs: Any) -> T:
+def resolve_config(
+    model: torch.nn.Module, config: ToMeConfig | None, preset: Preset | None, options: dict[str, Any]
+) -> ToMeConfig:
+    """`config`, or else the family's preset (its defaults without one), with `options` on top."""
+    if config is not None and preset is not None:
+        raise ValueError(f"Expected a config or a preset, not both, but got config and preset={preset!r}.")
+    if config is not None:
+        return ToMeConfig.from_kwargs(config, **options)
+    return ToMeConfig.for_model(model, preset, **options)
+
+
+def apply_tome(
+    model_or_pipeline: T, config: ToMeConfig | None = None, *, preset: Preset | None = None, **kwargs: Any
+) -> T:
     """Apply Token Merging to a diffusers model or pipeline, keeping its current attention processors.
 
     Every attention module's processor is wrapped in a `ToMeProcessor` (so xFormers, SDPA,
@@ -66,6 +79,8 @@ def apply_tome(model_or_pipeline: T, config: ToMeConfig | None = None, **kwargs:
             `FluxTransformer2DModel`, or a pipeline with a `unet` or `transformer`.
         config: a `ToMeConfig`; keyword options override its fields. Without one, the model
             family's defaults are used (tomesd's for UNets; see docs/transformers.md).
+        preset: `"exact"`, `"balanced"` or `"fast"` instead of a config: settings chosen per model
+            family from measured speed and quality (docs/options.md); keyword options override it.
 
     Returns:
         `model_or_pipeline`, changed in place.
@@ -75,13 +90,13 @@ def apply_tome(model_or_pipeline: T, config: ToMeConfig | None = None, **kwargs:
         >>> tome_processors.apply_tome(pipe, ratio=0.5)  # doctest: +SKIP
         >>> image = pipe("a photo of an astronaut riding a horse on mars").images[0]  # doctest: +SKIP
         >>> tome_processors.remove_tome(pipe)  # doctest: +SKIP
+        >>> tome_processors.apply_tome(pipe, preset="fast")  # doctest: +SKIP
     """
     models = _target_models(model_or_pipeline)
     plans = []
     for model in models:  # check everything before changing anything
         family = _check_mergeable(model)
-        # Without a config, the family's defaults (docs/transformers.md); keyword options override them.
-        model_config = ToMeConfig.from_kwargs(config if config is not None else family.default_config(), **kwargs)
+        model_config = resolve_config(model, config, preset, kwargs)
         family.check_config(model, model_config)
         plans.append((model, family, model_config))
     for model, family, config in plans:  # noqa: B020 (each model's own config from here on)

@@ -7,6 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
+
+from .families import FAMILIES, Family, family_of
+
 MaxDownsample = Literal["auto", 1, 2, 4, 8]
 Mode = Literal["merge", "downsample_kv"]
 KVPool = Literal["avg", "nearest"]
@@ -14,6 +18,9 @@ _ALLOWED_DOWNSAMPLE = (1, 2, 4, 8)
 _MODES = ("merge", "downsample_kv")
 _KV_POOLS = ("avg", "nearest")
 _SIMILARITY_DTYPES = (None, "float32", "bfloat16", "float16")
+Preset = Literal["exact", "balanced", "fast"]
+#: The preset names, from the most faithful to the fastest.
+PRESETS: tuple[str, ...] = ("exact", "balanced", "fast")
 
 
 def _expect(condition: bool, what: str, value: Any) -> None:
@@ -206,3 +213,58 @@ class ToMeConfig:
         if config is None:
             return cls(**kwargs)
         return config.replace(**kwargs) if kwargs else config
+
+    @classmethod
+    def for_model(cls, model: Any, preset: Preset | None = None, **overrides: Any) -> ToMeConfig:
+        """The config `apply_tome` uses for `model`: its family's defaults, a preset, then `overrides`.
+
+        Args:
+            model: a supported model (a UNet, PixArt, SD3 or Flux transformer), a pipeline's
+                denoiser, or a family name (`"unet"`, `"pixart"`, `"sd3"`, `"flux"`).
+            preset: `None` for the family's defaults (tomesd's algorithm and options, at the
+                family's default ratio), or one of `PRESETS`.
+            **overrides: any `ToMeConfig` field; explicit options win over the preset.
+
+        Example:
+            >>> from tome_processors import ToMeConfig
+            >>> ToMeConfig.for_model("pixart").ratio
+            0.4
+            >>> ToMeConfig.for_model("pixart", "balanced", ratio=0.3).share_level
+            True
+        """
+        family = _family(model)
+        fields = dict(family.defaults)
+        if preset is not None:
+            _expect(
+                isinstance(preset, str) and preset in PRESETS, f"preset to be one of {list(PRESETS)} or None", preset
+            )
+            fields.update(family.presets[preset])
+        return cls.from_kwargs(cls(**fields), **overrides)
+
+    @classmethod
+    def from_preset(cls, name: Preset, model: Any, **overrides: Any) -> ToMeConfig:
+        """The preset `name` for `model`'s family, with `overrides` applied on top.
+
+        `"exact"` is tomesd's algorithm (per-block matching, attention only) at the family's default
+        ratio; `"balanced"` and `"fast"` are chosen per family from measured speed and quality
+        (docs/options.md has the table). `model` is a model or a family name, as in `for_model`.
+
+        Example:
+            >>> from tome_processors import ToMeConfig
+            >>> ToMeConfig.from_preset("fast", "sd3").share_level
+            True
+            >>> ToMeConfig.from_preset("exact", "unet") == ToMeConfig()
+            True
+        """
+        _expect(isinstance(name, str) and name in PRESETS, f"preset to be one of {list(PRESETS)}", name)
+        return cls.for_model(model, name, **overrides)
+
+
+def _family(model: Any) -> Family:
+    """The family of a model, or of a family name."""
+    if isinstance(model, str):
+        _expect(model in FAMILIES, f"a model or a family name among {sorted(FAMILIES)}", model)
+        return FAMILIES[model]()
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"Expected a diffusers model or a family name, but got {type(model).__name__}.")
+    return family_of(model)

@@ -8,7 +8,8 @@ the processor stay generic. A family answers four questions about a model:
    attention), or text and image tokens concatenated with the text first.
 2. The token grid of the current forward, read from the model's arguments.
 3. The timestep of the current forward, on the 0..1000 scale.
-4. The default `ToMeConfig` (see docs/transformers.md for the reasoning).
+4. The default `ToMeConfig` fields and the presets (`"exact"`, `"balanced"`, `"fast"`), chosen per family
+   from measured speed and quality (docs/options.md); `ToMeConfig.for_model` builds configs from them.
 
 Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
 `PixArtTransformer2DModel`, `SD3Transformer2DModel` and `FluxTransformer2DModel`.
@@ -25,7 +26,7 @@ import enum
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel
@@ -35,7 +36,9 @@ from diffusers.models.transformers.transformer_2d import Transformer2DModel
 
 from ._similarity import is_compiling
 from .arguments import argument
-from .config import ToMeConfig
+
+if TYPE_CHECKING:  # config.py builds configs from the families' tables, so the import goes that way
+    from .config import ToMeConfig
 
 __all__ = [
     "FAMILIES",
@@ -122,7 +125,8 @@ class Family:
         merge_only: True where only `mode="merge"` works (joint attention computes its keys and
             values inside the processor from the same tokens as the queries, so K/V pooling cannot
             be passed in from outside).
-        defaults: the family's default `ToMeConfig` fields.
+        defaults: the family's default `ToMeConfig` fields (what `apply_tome(model)` uses).
+        presets: `ToMeConfig` fields per preset name, applied over `defaults`.
         needs_row_token: True where positional encodings must follow merged rows (Flux's rotary
             embeddings), so every merge records `TokenMerge.row_token`.
     """
@@ -135,6 +139,7 @@ class Family:
     timestep_scale = 1.0
     merge_only = False
     defaults: dict[str, Any] = {}
+    presets: dict[str, dict[str, Any]] = {}
 
     def matches(self, model: torch.nn.Module) -> bool:
         raise NotImplementedError
@@ -145,15 +150,6 @@ class Family:
     def auto_downsample(self, model: torch.nn.Module) -> int:
         """What `max_downsample="auto"` means: every transformer block works at the patch grid."""
         return 1
-
-    def default_config(self, **changes: Any) -> ToMeConfig:
-        """The family's default configuration, with `changes` applied.
-
-        Example:
-            >>> FAMILIES["flux"]().default_config().ratio
-            0.3
-        """
-        return ToMeConfig.from_kwargs(ToMeConfig(**self.defaults), **changes)
 
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
         """`(h, w)` image tokens of this forward, or None when the call gives no grid."""
@@ -186,6 +182,11 @@ class UNetFamily(Family):
     input_name = "sample"
     timestep_position = 1
     defaults: dict[str, Any] = {}  # tomesd's defaults
+    presets: dict[str, dict[str, Any]] = {
+        "exact": {},
+        "balanced": {"mode": "downsample_kv", "kv_pool": "nearest"},
+        "fast": {"mode": "downsample_kv", "kv_pool": "nearest", "kv_factor": 4},
+    }
 
     def matches(self, model: torch.nn.Module) -> bool:
         return bool(spatial_transformer_blocks(model))
@@ -218,6 +219,11 @@ class PixArtFamily(Family):
     name = "pixart"
     timestep_position = 2
     defaults: dict[str, Any] = {"ratio": 0.4}
+    presets: dict[str, dict[str, Any]] = {
+        "exact": {},
+        "balanced": {"ratio": 0.5, "share_level": True},
+        "fast": {"ratio": 0.6, "share_level": True, "merge_mlp": True},
+    }
 
     def matches(self, model: torch.nn.Module) -> bool:
         return isinstance(model, PixArtTransformer2DModel)
@@ -239,6 +245,11 @@ class SD3Family(Family):
     timestep_position = 3
     merge_only = True
     defaults: dict[str, Any] = {"ratio": 0.4}
+    presets: dict[str, dict[str, Any]] = {
+        "exact": {},
+        "balanced": {"ratio": 0.5, "share_level": True},
+        "fast": {"ratio": 0.6, "share_level": True, "merge_mlp": True},
+    }
 
     def matches(self, model: torch.nn.Module) -> bool:
         return isinstance(model, SD3Transformer2DModel)
@@ -267,6 +278,11 @@ class FluxFamily(Family):
     timestep_scale = 1000.0  # the Flux pipelines pass sigma (0..1) as the timestep
     merge_only = True
     defaults: dict[str, Any] = {"ratio": 0.3}
+    presets: dict[str, dict[str, Any]] = {
+        "exact": {},
+        "balanced": {"share_level": True},
+        "fast": {"ratio": 0.5, "share_level": True, "merge_mlp": True},
+    }
 
     def __init__(self) -> None:
         self._last: tuple[weakref.ref, object, int, tuple[int, int] | None] | None = None

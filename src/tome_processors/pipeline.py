@@ -27,9 +27,8 @@ from typing import Any
 
 import torch
 
-from .apply import apply_tome, denoiser_of, remove_tome, unwrap_processors
-from .config import ToMeConfig
-from .families import family_of
+from .apply import apply_tome, denoiser_of, remove_tome, resolve_config, unwrap_processors
+from .config import Preset, ToMeConfig
 from .hooks import attention_modules, context_of
 from .processor import ToMeProcessor
 
@@ -194,7 +193,13 @@ def _merged_models(pipe: Any, controlnet: bool) -> list[torch.nn.Module]:
 
 
 def enable_tome(
-    pipe: Any, ratio: float | None = None, *, config: ToMeConfig | None = None, controlnet: bool = False, **options: Any
+    pipe: Any,
+    ratio: float | None = None,
+    *,
+    config: ToMeConfig | None = None,
+    preset: Preset | None = None,
+    controlnet: bool = False,
+    **options: Any,
 ) -> Any:
     """Merge tokens in the pipeline's UNet (and optionally its ControlNet) and keep merging whatever else is set.
 
@@ -209,6 +214,8 @@ def enable_tome(
             `config.ratio`, or without a config the model family's default (0.5 for UNets, as
             tomesd; see docs/transformers.md for transformers).
         config: a `ToMeConfig` to start from; `ratio` and `options` override its fields.
+        preset: `"exact"`, `"balanced"` or `"fast"` instead of a config, chosen per model family from
+            measured speed and quality (docs/options.md); `ratio` and `options` override it.
         controlnet: also merge inside `pipe.controlnet` (each net of a `MultiControlNetModel`).
         **options: any other `ToMeConfig` field, e.g. `max_downsample=2`, `use_rand=False`.
 
@@ -218,6 +225,7 @@ def enable_tome(
     Example:
         >>> import tome_processors
         >>> tome_processors.enable_tome(pipe, ratio=0.5)  # doctest: +SKIP
+        >>> tome_processors.enable_tome(pipe, preset="fast")  # doctest: +SKIP
         >>> pipe.enable_xformers_memory_efficient_attention()  # doctest: +SKIP  (ToMe stays on)
         >>> tome_processors.disable_tome(pipe)  # doctest: +SKIP
     """
@@ -228,10 +236,7 @@ def enable_tome(
     models = _merged_models(pipe, controlnet)
     # Without a config, each model's family defaults (tomesd's for UNets, docs/transformers.md for
     # transformers); resolved and validated before anything is changed.
-    configs = [
-        ToMeConfig.from_kwargs(config if config is not None else family_of(model).default_config(), **options)
-        for model in models
-    ]
+    configs = [resolve_config(model, config, preset, options) for model in models]
     config = configs[0]
     disable_tome(pipe)
     try:
@@ -342,14 +347,21 @@ class ToMeMixin:
     """
 
     def enable_tome(
-        self, ratio: float | None = None, *, config: ToMeConfig | None = None, controlnet: bool = False, **options: Any
+        self,
+        ratio: float | None = None,
+        *,
+        config: ToMeConfig | None = None,
+        preset: Preset | None = None,
+        controlnet: bool = False,
+        **options: Any,
     ) -> None:
         """Merge tokens in the UNet (and with `controlnet=True` in the ControlNet); see `tome_processors.enable_tome`.
 
         Example:
             >>> pipe.enable_tome(ratio=0.5, max_downsample=2)  # doctest: +SKIP
+            >>> pipe.enable_tome(preset="balanced")  # doctest: +SKIP
         """
-        enable_tome(self, ratio, config=config, controlnet=controlnet, **options)
+        enable_tome(self, ratio, config=config, preset=preset, controlnet=controlnet, **options)
 
     def disable_tome(self) -> None:
         """Take ToMe away again; images are then bit-identical to never having enabled it.

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from ..apply import apply_tome, remove_tome
-from ..config import ToMeConfig
+from ..config import PRESETS, ToMeConfig
 from ..context import BlockState, ModelState
 from ..families import Family
 from ..merge import pool_tokens
@@ -42,12 +42,14 @@ from .meta import package_version
 __all__ = [
     "MODES",
     "DEFAULT_MODES",
+    "DEFAULT_PRESETS",
     "DEFAULT_RATIOS",
     "baseline_method",
     "mode_methods",
     "ours_method",
     "ours_methods",
     "pick_methods",
+    "preset_methods",
     "tomesd_available",
     "tomesd_methods",
 ]
@@ -106,11 +108,13 @@ MODES: dict[str, ModeSpec] = {
         "both of the above",
     ),
 }
-#: The modes of a default run: the fastest K/V pooling and the most faithful one (docs/benchmarks.md).
-DEFAULT_MODES = ("kv4-avg", "kv-nearest")
-#: The ratios of a default run; `--full` measures `FULL_RATIOS` and every mode.
-DEFAULT_RATIOS = (0.5,)
+#: A default run measures the presets (and tomesd at 0.5) only; `--full` adds `FULL_RATIOS` and every mode.
+DEFAULT_MODES: tuple[str, ...] = ()
+DEFAULT_RATIOS: tuple[float, ...] = ()
+DEFAULT_PRESETS: tuple[str, ...] = PRESETS
 FULL_RATIOS = (0.3, 0.5, 0.7)
+#: tomesd's ratio when no `--ratios` are given: its default, what the "exact" preset runs on UNets.
+TOMESD_DEFAULT_RATIO = 0.5
 
 
 def _nothing(unet: torch.nn.Module) -> None:
@@ -173,6 +177,20 @@ def ours_method(config: ToMeConfig, family: str, auto_downsample: int, name: str
 def ours_methods(ratios: Sequence[float], auto_downsample: int, **options: Any) -> list[Method]:
     """This library at each ratio with the default (tomesd-faithful) options plus `options`."""
     return [ours_method(ToMeConfig(ratio=float(r), **options), "ours", auto_downsample) for r in ratios]
+
+
+def preset_methods(presets: Sequence[str], family: Family | str, auto_downsample: int) -> list[Method]:
+    """One row per preset, with the family's settings for it (`ToMeConfig.from_preset`).
+
+    Example:
+        >>> [m.name for m in preset_methods(["exact", "fast"], "pixart", auto_downsample=1)]
+        ['ours exact r=0.4', 'ours fast r=0.6']
+    """
+    family_name = family if isinstance(family, str) else family.name
+    return [
+        ours_method(ToMeConfig.from_preset(preset, family_name), f"ours {preset}", auto_downsample)
+        for preset in presets
+    ]
 
 
 def mode_methods(modes: Sequence[str], ratios: Sequence[float], auto_downsample: int) -> list[Method]:
@@ -262,8 +280,11 @@ def pick_methods(
     ratios: Sequence[float] = DEFAULT_RATIOS,
     modes: Sequence[str] = DEFAULT_MODES,
     with_tomesd: bool = True,
+    presets: Sequence[str] = DEFAULT_PRESETS,
 ) -> tuple[list[Method], list[str]]:
-    """The bench's rows for `model`: the baseline, ours at each ratio, tomesd (UNets only) and the modes.
+    """The bench's rows: the baseline, ours at each ratio, the presets, tomesd (UNets only), the modes.
+
+    tomesd runs at `ratios`, or at its default 0.5 when none are given.
 
     `max_downsample="auto"` and tomesd's `max_downsample` both come from the family's
     `auto_downsample(model)` (the first level with attention). Modes that the family cannot run (K/V
@@ -276,21 +297,25 @@ def pick_methods(
         >>> from tome_processors.bench.unet import build_unet
         >>> from tome_processors.families import find_family
         >>> unet = build_unet("tiny")
-        >>> methods, notes = pick_methods(unet, find_family(unet), [0.5], ["kv-avg"], with_tomesd=False)
+        >>> methods, notes = pick_methods(unet, find_family(unet), [0.5], ["kv-avg"], False, ["fast"])
         >>> [m.name for m in methods], notes
-        (['baseline', 'ours r=0.5', 'ours kv-avg'], [])
+        (['baseline', 'ours r=0.5', 'ours fast', 'ours kv-avg'], [])
     """
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise ValueError(f"Expected modes among {sorted(MODES)}, but got {list(modes)}.")
     auto_downsample = family.auto_downsample(model) if family is not None else 1
     notes: list[str] = []
+    unknown = [p for p in presets if p not in PRESETS]
+    if unknown:
+        raise ValueError(f"Expected presets among {list(PRESETS)}, but got {list(presets)}.")
     methods = [baseline_method(), *ours_methods(ratios, auto_downsample)]
+    methods += preset_methods(presets, family.name if family is not None else "unet", auto_downsample)
     if with_tomesd:
         if family is not None and family.name != "unet":
             pass  # tomesd patches UNet blocks only
         elif tomesd_available():
-            methods += tomesd_methods(ratios, max_downsample=auto_downsample)
+            methods += tomesd_methods(ratios or [TOMESD_DEFAULT_RATIO], max_downsample=auto_downsample)
         else:
             notes.append("tomesd is not installed (pip install tomesd), so its rows are left out.")
     if family is not None and family.merge_only:  # joint attention: no K/V pooling (docs/transformers.md)

@@ -2,8 +2,8 @@
 
 By default it builds the Stable Diffusion 1.5 UNet architecture with random weights (nothing is downloaded)
 and measures one UNet forward at 512 px, batch 2 (a classifier-free-guidance batch), fp32 on CPU or fp16
-on CUDA: the baseline, ours and tomesd at ratio 0.5, and the two K/V pooling modes kv4-avg and kv-nearest,
-in interleaved rounds in one process, with the trained-denoiser columns. `--full` measures ratios
+on CUDA: the baseline, the presets "exact", "balanced" and "fast" of the model's family, and tomesd at
+ratio 0.5, in interleaved rounds in one process, with the trained-denoiser columns. `--full` adds ratios
 0.3/0.5/0.7 and every mode. See docs/bench.md.
 
 Example:
@@ -28,11 +28,11 @@ import torch
 from ..bench.engine import BenchSettings, run_benchmark
 from ..bench.generate import generate_grid
 from ..bench.meta import library_version, machine, package_version, resolve_device, resolve_dtype
-from ..bench.methods import DEFAULT_MODES, DEFAULT_RATIOS, FULL_RATIOS, MODES, pick_methods
+from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES, pick_methods
 from ..bench.models import build_model
 from ..bench.quality import TRAINED_EPS_CHANGE, trained_quality_metrics
 from ..bench.report import markdown_table, meta_lines, save_json, save_plot
-from ..config import ToMeConfig
+from ..config import PRESETS, ToMeConfig
 
 #: `--compile` without a mode.
 _COMPILE_DEFAULT = "default"
@@ -66,7 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         nargs="+",
         default=None,
-        help=f"merge ratios (default {_listed(DEFAULT_RATIOS)}; with --full {_listed(FULL_RATIOS)})",
+        help=f"merge ratios for ours and tomesd (default none: tomesd at 0.5; with --full {_listed(FULL_RATIOS)})",
+    )
+    what.add_argument(
+        "--presets",
+        nargs="+",
+        default=None,
+        metavar="PRESET",
+        help=f"presets to add as rows (ToMeConfig.from_preset for the model's family), or 'none' "
+        f"(default {_listed(DEFAULT_PRESETS)}): {', '.join(PRESETS)}",
     )
     modes = ", ".join(f"{name} ({spec.help})" for name, spec in MODES.items())
     what.add_argument(
@@ -74,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=None,
         metavar="MODE",
-        help=f"modes beyond tomesd to add as rows, or 'none' (default {' '.join(DEFAULT_MODES)}; "
+        help=f"modes beyond tomesd to add as rows, or 'none' (default {_listed(DEFAULT_MODES) or 'none'}; "
         f"with --full all): {modes}",
     )
     what.add_argument("--no-tomesd", action="store_true", help="leave tomesd out even when it is installed")
@@ -139,6 +147,8 @@ def _resolve_defaults(args: argparse.Namespace) -> None:
         args.ratios = list(FULL_RATIOS if args.full else DEFAULT_RATIOS)
     if args.modes is None:
         args.modes = list(MODES if args.full else DEFAULT_MODES)
+    if args.presets is None:
+        args.presets = list(DEFAULT_PRESETS)
     if args.rounds is None:
         args.rounds = 5 if args.full else 3
 
@@ -154,6 +164,9 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
     unknown = [m for m in modes if m not in MODES]
     if unknown or ("none" in args.modes and len(args.modes) > 1):
         fail(f"Expected --modes among {sorted(MODES)}, or 'none' alone, but got {args.modes}.")
+    presets = [p for p in args.presets if p != "none"]
+    if any(p not in PRESETS for p in presets) or ("none" in args.presets and len(args.presets) > 1):
+        fail(f"Expected --presets among {list(PRESETS)}, or 'none' alone, but got {args.presets}.")
     if args.model is not None and (args.arch is not None or args.quick):
         fail("Expected either --model or --arch/--quick, but got both.")
     if args.resolution is not None and (args.resolution < 16 or args.resolution % 8):
@@ -222,7 +235,10 @@ def run(args: argparse.Namespace) -> int:
         args.model, args.arch, args.quick, args.pipeline, args.resolution, args.batch, args.seed, device, dtype
     )
     modes = [m for m in args.modes if m != "none"]
-    methods, notes = pick_methods(bench.model, bench.family, args.ratios, modes, with_tomesd=not args.no_tomesd)
+    presets = [p for p in args.presets if p != "none"]
+    methods, notes = pick_methods(
+        bench.model, bench.family, args.ratios, modes, with_tomesd=not args.no_tomesd, presets=presets
+    )
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
 

@@ -1,0 +1,128 @@
+"""Presets: `ToMeConfig.from_preset`, `apply_tome(preset=...)`, `enable_tome(preset=...)` on every family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tome_processors as tp
+from tome_processors import ToMeConfig, ToMeMixin
+from tome_processors.config import PRESETS
+from tome_processors.families import FAMILIES, family_of
+from tome_processors.hooks import context_of
+from tome_processors.pipeline import tome_config_of
+
+from models import tiny_unet
+from pipelines import tiny_sd_pipeline
+from test_dit import ARCHS
+
+FAMILY_NAMES = sorted(FAMILIES)
+
+
+def unet_inputs(batch: int = 2, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "sample": torch.randn(batch, 4, 16, 16, generator=g),
+        "timestep": torch.tensor(500),
+        "encoder_hidden_states": torch.randn(batch, 7, 32, generator=g),
+    }
+
+
+def model_and_inputs(family: str) -> tuple[torch.nn.Module, dict]:
+    if family == "unet":
+        return tiny_unet("sd15").eval(), unet_inputs()
+    return ARCHS[family].build(), ARCHS[family].inputs()
+
+
+def forward(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_every_family_has_every_preset_and_they_differ(family):
+    configs = {name: ToMeConfig.from_preset(name, family) for name in PRESETS}
+    assert set(FAMILIES[family].presets) == set(PRESETS)
+    assert configs["exact"] == ToMeConfig.for_model(family)  # "exact" is today's default
+    assert len(set(configs.values())) == len(PRESETS)
+    # "exact" is tomesd's algorithm: per-block matching in self-attention, no reuse, no K/V pooling.
+    exact = configs["exact"]
+    assert (exact.mode, exact.share_level, exact.merge_mlp, exact.recompute_every) == ("merge", False, False, 1)
+
+
+@pytest.mark.parametrize("family", FAMILY_NAMES)
+def test_each_preset_applies_runs_and_is_removed_exactly(family):
+    model, inputs = model_and_inputs(family)
+    baseline = forward(model, inputs)
+    for name in PRESETS:
+        assert tp.apply_tome(model, preset=name) is model
+        assert context_of(model).model_state.config == ToMeConfig.from_preset(name, model)
+        merged = forward(model, inputs)
+        assert torch.isfinite(merged).all() and not torch.equal(merged, baseline), name
+        tp.remove_tome(model)
+        assert torch.equal(forward(model, inputs), baseline)
+
+
+def test_explicit_options_override_the_preset():
+    unet = tiny_unet("sd15")
+    fast = ToMeConfig.from_preset("fast", unet)
+    assert ToMeConfig.from_preset("fast", unet, kv_factor=2) == fast.replace(kv_factor=2)
+    tp.apply_tome(unet, preset="fast", seed=7)
+    assert context_of(unet).model_state.config == fast.replace(seed=7)
+    pixart = ARCHS["pixart"].build()
+    tp.apply_tome(pixart, preset="balanced", ratio=0.3)
+    config = context_of(pixart).model_state.config
+    assert config.ratio == 0.3 and config == ToMeConfig.from_preset("balanced", pixart).replace(ratio=0.3)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda m: tp.apply_tome(m, preset="turbo"), ValueError, "preset to be one of"),
+        (lambda m: tp.apply_tome(m, ToMeConfig(), preset="fast"), ValueError, "not both"),
+        (lambda m: tp.apply_tome(m, preset="fast", ratio=0.9), ValueError, "ratio between"),
+        (lambda m: ToMeConfig.from_preset(None, m), ValueError, "preset to be one of"),
+        (lambda m: ToMeConfig.from_preset("fast", "dit"), ValueError, "family name among"),
+        (lambda m: ToMeConfig.from_preset("fast", 3), TypeError, "diffusers model or a family name"),
+    ],
+)
+def test_bad_presets_raise_before_anything_changes(call, error, match):
+    unet = tiny_unet("sd15").eval()
+    inputs = unet_inputs()
+    baseline = forward(unet, inputs)
+    with pytest.raises(error, match=match):
+        call(unet)
+    assert context_of(unet) is None and torch.equal(forward(unet, inputs), baseline)
+
+
+def test_unsupported_model_names_its_class():
+    with pytest.raises(ValueError, match="Linear"):
+        ToMeConfig.from_preset("fast", torch.nn.Linear(2, 2))
+
+
+def test_enable_tome_with_a_preset_on_a_pipeline(tmp_path):
+    pipe = tiny_sd_pipeline(tmp_path)
+    tp.enable_tome(pipe, preset="balanced")
+    assert tp.is_tome_applied(pipe)
+    assert tome_config_of(pipe) == ToMeConfig.from_preset("balanced", pipe.unet)
+    tp.enable_tome(pipe, 0.3, preset="exact")  # `ratio` overrides the preset too
+    assert tome_config_of(pipe) == ToMeConfig(ratio=0.3)
+    tp.enable_tome(pipe)  # no arguments: the family's defaults, as before presets existed
+    assert tome_config_of(pipe) == ToMeConfig.for_model(pipe.unet)
+    with pytest.raises(ValueError, match="not both"):
+        tp.enable_tome(pipe, config=ToMeConfig(), preset="fast")
+    assert tome_config_of(pipe) == ToMeConfig.for_model(pipe.unet)  # unchanged by the bad call
+    tp.disable_tome(pipe)
+
+
+def test_mixin_enable_tome_takes_a_preset(tmp_path):
+    base = tiny_sd_pipeline(tmp_path)
+
+    class MyPipeline(ToMeMixin, type(base)):
+        pass
+
+    pipe = MyPipeline(**base.components, requires_safety_checker=False)
+    pipe.enable_tome(preset="fast")
+    assert pipe.tome_config == ToMeConfig.from_preset("fast", family_of(pipe.unet).name)
+    pipe.disable_tome()
+    assert pipe.tome_config is None
