@@ -126,3 +126,10 @@ def test_mixin_enable_tome_takes_a_preset(tmp_path):
     assert pipe.tome_config == ToMeConfig.from_preset("fast", family_of(pipe.unet).name)
     pipe.disable_tome()
     assert pipe.tome_config is None
+
+
+def test_unet_fast_pools_the_first_two_attention_levels_of_the_model():
+    # SD1.5's first attention level is downsample 1, SDXL's is 2: "fast" pools the first two of each.
+    assert ToMeConfig.from_preset("fast", tiny_unet("sd15")).max_downsample == 2
+    assert ToMeConfig.from_preset("fast", tiny_unet("sdxl")).max_downsample == 4
+    assert ToMeConfig.from_preset("fast", "unet").max_downsample == 2  # no model: SD1.5's layout

@@ -238,7 +238,7 @@ class ToMeConfig:
             _expect(
                 isinstance(preset, str) and preset in PRESETS, f"preset to be one of {list(PRESETS)} or None", preset
             )
-            fields.update(family.presets[preset])
+            fields = family.preset_options(preset, model if isinstance(model, torch.nn.Module) else None)
         return cls.from_kwargs(cls(**fields), **overrides)
 
     @classmethod

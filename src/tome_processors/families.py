@@ -151,6 +151,15 @@ class Family:
         """What `max_downsample="auto"` means: every transformer block works at the patch grid."""
         return 1
 
+    def preset_options(self, name: str, model: torch.nn.Module | None = None) -> dict[str, Any]:
+        """The `ToMeConfig` fields of preset `name` on `model` (or on the family's usual layout), defaults included.
+
+        Example:
+            >>> FAMILIES["sd3"]().preset_options("balanced")["share_level"]
+            True
+        """
+        return {**self.defaults, **self.presets[name]}
+
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
         """`(h, w)` image tokens of this forward, or None when the call gives no grid."""
         patch = int(getattr(model.config, "patch_size", 1) or 1)
@@ -185,8 +194,15 @@ class UNetFamily(Family):
     presets: dict[str, dict[str, Any]] = {
         "exact": {},
         "balanced": {"mode": "downsample_kv", "kv_pool": "nearest"},
+        # The first two attention levels: max_downsample is twice the model's first level (preset_options).
         "fast": {"mode": "downsample_kv", "kv_pool": "nearest", "kv_factor": 4},
     }
+
+    def preset_options(self, name: str, model: torch.nn.Module | None = None) -> dict[str, Any]:
+        options = super().preset_options(name, model)
+        if name == "fast":
+            options["max_downsample"] = 2 * (self.auto_downsample(model) if model is not None else 1)
+        return options
 
     def matches(self, model: torch.nn.Module) -> bool:
         return bool(spatial_transformer_blocks(model))

@@ -179,17 +179,16 @@ def ours_methods(ratios: Sequence[float], auto_downsample: int, **options: Any) 
     return [ours_method(ToMeConfig(ratio=float(r), **options), "ours", auto_downsample) for r in ratios]
 
 
-def preset_methods(presets: Sequence[str], family: Family | str, auto_downsample: int) -> list[Method]:
-    """One row per preset, with the family's settings for it (`ToMeConfig.from_preset`).
+def preset_methods(presets: Sequence[str], model: torch.nn.Module | Family | str, auto_downsample: int) -> list[Method]:
+    """One row per preset, with the settings for `model` (or a family or its name): `ToMeConfig.from_preset`.
 
     Example:
         >>> [m.name for m in preset_methods(["exact", "fast"], "pixart", auto_downsample=1)]
         ['ours exact r=0.4', 'ours fast r=0.6']
     """
-    family_name = family if isinstance(family, str) else family.name
+    target = model.name if isinstance(model, Family) else model
     return [
-        ours_method(ToMeConfig.from_preset(preset, family_name), f"ours {preset}", auto_downsample)
-        for preset in presets
+        ours_method(ToMeConfig.from_preset(preset, target), f"ours {preset}", auto_downsample) for preset in presets
     ]
 
 
@@ -310,7 +309,7 @@ def pick_methods(
     if unknown:
         raise ValueError(f"Expected presets among {list(PRESETS)}, but got {list(presets)}.")
     methods = [baseline_method(), *ours_methods(ratios, auto_downsample)]
-    methods += preset_methods(presets, family.name if family is not None else "unet", auto_downsample)
+    methods += preset_methods(presets, model if family is not None else "unet", auto_downsample)
     if with_tomesd:
         if family is not None and family.name != "unet":
             pass  # tomesd patches UNet blocks only
