@@ -7,6 +7,7 @@ import torch
 
 import tome_processors as tp
 from tome_processors import ToMeConfig, ToMeMixin
+from tome_processors.bench.quality import QualityProbe
 from tome_processors.config import PRESETS
 from tome_processors.families import FAMILIES, family_of
 from tome_processors.hooks import context_of
@@ -133,3 +134,22 @@ def test_unet_fast_pools_the_first_two_attention_levels_of_the_model():
     assert ToMeConfig.from_preset("fast", tiny_unet("sd15")).max_downsample == 2
     assert ToMeConfig.from_preset("fast", tiny_unet("sdxl")).max_downsample == 4
     assert ToMeConfig.from_preset("fast", "unet").max_downsample == 2  # no model: SD1.5's layout
+
+
+def test_presets_quality_on_the_trained_unet_denoiser():
+    """The quality targets of the presets, on the shipped trained UNet (two of the probe's four timesteps).
+
+    "balanced" changes the noise prediction by no more than ToMe at 0.5 (tomesd's algorithm,
+    "exact") does, and "fast" by no more than twice that. Measured (docs/options.md): exact 1.40%,
+    balanced 0.24%, fast 2.16%.
+    """
+    pytest.importorskip("skimage")
+    probe = QualityProbe.default(timesteps=(300, 700))
+    change = {
+        name: probe.measure(lambda unet, name=name: tp.apply_tome(unet, preset=name), tp.remove_tome)["eps_rel_change"]
+        for name in PRESETS
+    }
+    tome_half = probe.measure(lambda unet: tp.apply_tome(unet, ToMeConfig(ratio=0.5)), tp.remove_tome)
+    assert change["exact"] == tome_half["eps_rel_change"] > 0
+    assert 0 < change["balanced"] <= change["exact"]
+    assert 0 < change["fast"] <= 2 * change["exact"]
