@@ -26,7 +26,7 @@ import enum
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel
@@ -36,9 +36,6 @@ from diffusers.models.transformers.transformer_2d import Transformer2DModel
 
 from ._similarity import is_compiling
 from .arguments import argument
-
-if TYPE_CHECKING:  # config.py builds configs from the families' tables, so the import goes that way
-    from .config import ToMeConfig
 
 __all__ = [
     "FAMILIES",
@@ -175,8 +172,12 @@ class Family:
             return t
         return t * self.timestep_scale
 
-    def check_config(self, model: torch.nn.Module, config: ToMeConfig) -> None:
-        """Raise a `ValueError` for options this family cannot honour."""
+    def check_config(self, model: torch.nn.Module, config: Any) -> None:
+        """Raise a `ValueError` for options of `config` (a `ToMeConfig`) this family cannot honour.
+
+        `config` is not typed as `ToMeConfig`: config.py builds configs from the families' tables, so
+        this module does not import it.
+        """
         if self.merge_only and config.mode != "merge":
             raise ValueError(
                 f'Expected mode="merge" on {type(model).__name__} (its joint attention computes keys and values '
