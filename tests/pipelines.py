@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import string
 from pathlib import Path
 
 import torch
@@ -15,24 +13,14 @@ from transformers import (
     CLIPProcessor,
     CLIPTextConfig,
     CLIPTextModel,
-    CLIPTokenizer,
 )
+
+from tome_processors.bench.pipelines import write_clip_tokenizer
 
 from models import CROSS_DIM, tiny_unet
 
-
-def write_clip_tokenizer(folder: str | Path) -> CLIPTokenizer:
-    """A CLIP BPE tokenizer over single characters, written from a hand-made vocab and merges file."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    symbols = list(string.ascii_lowercase + string.digits + ",.-'")
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for symbol in symbols:
-        vocab[symbol] = len(vocab)
-        vocab[symbol + "</w>"] = len(vocab)
-    (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
-    (folder / "merges.txt").write_text("#version: 0.2\n", encoding="utf-8")
-    return CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"), model_max_length=16)
+#: Prompt length of the tiny text encoders (their position table).
+TOKENS = 16
 
 
 def tiny_text_encoder(vocab_size: int) -> CLIPTextModel:
@@ -43,7 +31,7 @@ def tiny_text_encoder(vocab_size: int) -> CLIPTextModel:
         intermediate_size=37,
         num_hidden_layers=2,
         num_attention_heads=4,
-        max_position_embeddings=16,
+        max_position_embeddings=TOKENS,
         bos_token_id=0,
         eos_token_id=1,
         pad_token_id=1,
@@ -64,7 +52,7 @@ def tiny_vae() -> AutoencoderKL:
 
 def tiny_sd_pipeline(tmp_path: str | Path) -> StableDiffusionPipeline:
     """An SD1.5-shaped text-to-image pipeline small enough for two-step generations at 32x32 px."""
-    tokenizer = write_clip_tokenizer(Path(tmp_path) / "tokenizer-files")
+    tokenizer = write_clip_tokenizer(Path(tmp_path) / "tokenizer-files", max_length=TOKENS)
     pipe = StableDiffusionPipeline(
         vae=tiny_vae(),
         text_encoder=tiny_text_encoder(len(tokenizer)),
@@ -82,7 +70,7 @@ def tiny_sd_pipeline(tmp_path: str | Path) -> StableDiffusionPipeline:
 def save_tiny_clip(folder: str | Path) -> Path:
     """A tiny random CLIP model with its processor (tokenizer and image processor) saved to `folder`."""
     folder = Path(folder)
-    tokenizer = write_clip_tokenizer(folder / "tokenizer-files")
+    tokenizer = write_clip_tokenizer(folder / "tokenizer-files", max_length=TOKENS)
     torch.manual_seed(0)
     config = CLIPConfig(
         text_config=dict(
@@ -91,7 +79,7 @@ def save_tiny_clip(folder: str | Path) -> Path:
             intermediate_size=32,
             num_hidden_layers=1,
             num_attention_heads=2,
-            max_position_embeddings=16,
+            max_position_embeddings=TOKENS,
             bos_token_id=0,
             eos_token_id=1,
             pad_token_id=1,

@@ -112,7 +112,7 @@ def test_python_dash_m_entry(tmp_path):
         (["--modes", "none", "kv-avg"], "--modes among"),
         (["--resolution", "100"], "multiple of 8"),
         (["--rounds", "0"], "--rounds >= 1"),
-        (["--pipeline"], "--model with --pipeline"),
+        (["--pipeline", "--compile"], "without --compile"),
         (["--arch", "sd4"], "invalid choice"),
         (["--model", "somewhere", "--arch", "sd15"], "either --model or --arch"),
         (["--device", "cuda:0"] if not torch.cuda.is_available() else ["--device", "nowhere"], "--device"),
@@ -154,7 +154,10 @@ def test_pipeline_grid_on_a_saved_tiny_pipeline(tmp_path):
     argv += ["--ratios", "0.5", "--modes", "kv-avg", "--presets", "none", "--rounds", "1", "--threads", "1"]
     argv += ["--no-progress"]
     assert main([*argv, "--grid", str(grid), "--json", str(path)]) == 0
-    assert len(json.loads(path.read_text())["rows"]) == 4  # baseline, ours, tomesd, kv-avg
+    rows = json.loads(path.read_text())["rows"]
+    assert [row["name"] for row in rows] == ["baseline", "ours r=0.5", "tomesd r=0.5", "ours kv-avg"]
+    assert all(row["seconds_per_image"] > 0 and row["seconds_per_step"] > 0 for row in rows)
+    assert rows[0]["image_change"] == 0.0 and all(row["image_change"] > 0 for row in rows[1:])
     with Image.open(grid) as image:
         assert image.size[0] == 4 * 160 and image.size[1] > 160
 

@@ -24,10 +24,11 @@ from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProject
 
 import tome_processors as tp
 from tome_processors import ToMeConfig, ToMeMixin, ToMeProcessor
+from tome_processors.bench.pipelines import write_clip_tokenizer
 
 from leftovers import hooks_left
 from models import CROSS_DIM, tiny_unet
-from pipelines import tiny_sd_pipeline, tiny_vae, write_clip_tokenizer
+from pipelines import TOKENS, tiny_sd_pipeline, tiny_vae
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -57,7 +58,7 @@ def tiny_controlnet(unet) -> ControlNetModel:
 
 
 def sdxl_pipeline(tmp_path: Path) -> StableDiffusionXLPipeline:
-    tokenizer = write_clip_tokenizer(Path(tmp_path) / "tokenizer-files")
+    tokenizer = write_clip_tokenizer(Path(tmp_path) / "tokenizer-files", max_length=TOKENS)
     half = CROSS_DIM // 2  # the two text encoders' hidden states are concatenated
     torch.manual_seed(0)
     encoder_1 = CLIPTextModel(_text_config(len(tokenizer), half)).eval()
@@ -85,7 +86,7 @@ def _text_config(vocab_size: int, hidden: int, projection_dim: int | None = None
         intermediate_size=24,
         num_hidden_layers=2,
         num_attention_heads=4,
-        max_position_embeddings=16,
+        max_position_embeddings=TOKENS,
         bos_token_id=0,
         eos_token_id=1,
         pad_token_id=1,

@@ -8,7 +8,8 @@ Nothing in the library imports this package. Modules, in the order a run uses th
 - `engine`: paired interleaved rounds, fidelity, overhead, memory; `hostcost`: aten ops, host syncs,
   CUDA kernels of one forward;
 - `quality`: the shipped trained denoiser, its probe and the bench's trained-model columns;
-- `report`: markdown table, JSON, plot, image grid; `generate`: full generations (`--pipeline`);
+- `report`: markdown table, JSON, plot, image grid; `generate`: whole generations timed (`--pipeline`),
+  on a random-weight pipeline from `pipelines` or a loaded one;
 - `meta`: device, dtype, versions and machine of a run.
 """
 

@@ -1,27 +1,52 @@
-"""`tome-processors bench --pipeline`: full generations of one prompt per method, saved as a labelled grid.
+"""`tome-processors bench --pipeline`: whole generations per method, timed as the user sees them.
 
-Every method generates the same prompt from the same seed, timed end to end (text encoder, all denoising
-steps, VAE decode). One untimed short generation comes first, so the first method pays no warm-up.
+`time_generations` measures each method on a pipeline with the bench's own engine (`engine.run_benchmark`):
+one "forward" there is one whole generation (text encoder, every denoising step, VAE decode) of the same
+prompt from the same seed, so the engine's warm-up, rotated rounds, paired speed-up, output change (of the
+final image) and peak memory apply unchanged. Alongside, hooks on the denoiser add up the time spent in
+its forwards during each generation, paired with the baseline the same way: the per-step columns. What
+acts across steps (`recompute_every`, `share_level` reuse) shows up in both.
+
+`generate_image` is one timed generation on its own (also used by `tome-processors eval`).
 
 Example:
-    >>> results = generate_grid(pipe, methods, "a red fox in the snow", "grid.png", steps=20)  # doctest: +SKIP
-    >>> results[0]  # doctest: +SKIP
-    ('baseline', 41.2)
+    >>> run = time_generations(pipe, methods, "a red fox in the snow", steps=20)  # doctest: +SKIP
+    >>> print(generation_table(run.rows))  # doctest: +SKIP
+    | method | ratio | s/image | speed-up/image | s/step | speed-up/step | image change % | peak MiB |
+    ...
 """
 
 from __future__ import annotations
 
+import inspect
+import json
+import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+from diffusers.utils import logging as diffusers_logging
+from PIL import Image
 
-from .engine import Method
-from .report import save_grid
+from .engine import BenchSettings, Method, _schedule, _synchronize, run_benchmark
+from .report import format_number, json_safe, save_grid
 
-__all__ = ["generate_grid", "generate_image"]
+__all__ = [
+    "DenoiserTimer",
+    "GenerationRow",
+    "GenerationRun",
+    "denoiser_of",
+    "generate_image",
+    "generation_table",
+    "pipeline_call_kwargs",
+    "save_generation_grid",
+    "save_generation_json",
+    "time_generations",
+]
 
 
 def generate_image(
@@ -43,15 +68,7 @@ def generate_image(
         `(PIL image, seconds)`.
     """
     device = getattr(pipe, "device", torch.device("cpu"))
-    generator = torch.Generator(device="cpu" if device.type == "mps" else device).manual_seed(seed)
-    kwargs: dict[str, Any] = dict(
-        num_inference_steps=steps, guidance_scale=guidance_scale, generator=generator, output_type="pil"
-    )
-    if height is not None:
-        kwargs["height"] = height
-    if width is not None:
-        kwargs["width"] = width
-    kwargs.update(call_kwargs)
+    kwargs = _call_kwargs(pipe, seed, steps, guidance_scale, height, width, "pil", call_kwargs)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -62,34 +79,362 @@ def generate_image(
     return image, time.perf_counter() - start
 
 
-def generate_grid(
+def _call_kwargs(
+    pipe: Any,
+    seed: int,
+    steps: int,
+    guidance_scale: float,
+    height: int | None,
+    width: int | None,
+    output_type: str,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    device = getattr(pipe, "device", torch.device("cpu"))
+    generator = torch.Generator(device="cpu" if device.type == "mps" else device).manual_seed(seed)
+    kwargs: dict[str, Any] = dict(
+        num_inference_steps=steps, guidance_scale=guidance_scale, generator=generator, output_type=output_type
+    )
+    if height is not None:
+        kwargs["height"] = height
+    if width is not None:
+        kwargs["width"] = width
+    kwargs.update(extra)
+    return kwargs
+
+
+def denoiser_of(pipe: Any) -> torch.nn.Module:
+    """The pipeline's denoiser: its `unet`, else its `transformer`.
+
+    Example:
+        >>> class Pipe:
+        ...     unet, transformer = None, torch.nn.Linear(1, 1)
+        >>> type(denoiser_of(Pipe())).__name__
+        'Linear'
+    """
+    for name in ("unet", "transformer"):
+        module = getattr(pipe, name, None)
+        if isinstance(module, torch.nn.Module):
+            return module
+    raise ValueError(f"Expected a pipeline with a `unet` or a `transformer`, but got {type(pipe).__name__}.")
+
+
+def pipeline_call_kwargs(pipe: Any) -> dict[str, Any]:
+    """Arguments that make a generation do what the bench asks, where the pipeline has them.
+
+    `use_resolution_binning=False` (PixArt): generate at the asked resolution rather than the nearest
+    trained aspect-ratio bucket. `clean_caption=False` (PixArt): it needs bs4 and ftfy, and only rewrites
+    the prompt.
+
+    Example:
+        >>> from diffusers import PixArtAlphaPipeline, StableDiffusionPipeline
+        >>> pipeline_call_kwargs(PixArtAlphaPipeline), pipeline_call_kwargs(StableDiffusionPipeline)
+        ({'use_resolution_binning': False, 'clean_caption': False}, {})
+    """
+    parameters = inspect.signature(pipe.__call__).parameters
+    return {name: False for name in ("use_resolution_binning", "clean_caption") if name in parameters}
+
+
+class DenoiserTimer:
+    """Adds up the wall time spent in a module's forwards (its hooks included) while entered.
+
+    On CUDA and MPS it synchronises the device before each forward starts and after it ends, so the
+    time is that of the forward's own work. The pre-hook goes first and the post-hook last of the hooks
+    the module has when entered.
+
+    Example:
+        >>> layer = torch.nn.Linear(2, 2)
+        >>> with DenoiserTimer(layer) as timer:
+        ...     _ = layer(torch.ones(1, 2)), layer(torch.ones(1, 2))
+        >>> timer.calls, timer.seconds > 0
+        (2, True)
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.module = module
+        self.seconds = 0.0
+        self.calls = 0
+        self._start = 0.0
+        self._handles: list[Any] = []
+
+    def _before(self, module: torch.nn.Module, args: Any) -> None:
+        _synchronize(_device_of(module))
+        self._start = time.perf_counter()
+
+    def _after(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        _synchronize(_device_of(module))
+        self.seconds += time.perf_counter() - self._start
+        self.calls += 1
+
+    def __enter__(self) -> DenoiserTimer:
+        self._handles = [
+            self.module.register_forward_pre_hook(self._before, prepend=True),
+            self.module.register_forward_hook(self._after),
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def _device_of(module: torch.nn.Module) -> torch.device:
+    parameter = next(module.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+@dataclass
+class GenerationRow:
+    """The measurements of one method over whole generations.
+
+    Attributes:
+        name, family, ratio, settings: from the `Method`.
+        seconds_per_image: median over the timed rounds of one generation's wall time (text encoder,
+            every denoising step, VAE decode).
+        speedup_per_image: the engine's paired speed-up of those times (median over rounds of the mean
+            of the two baseline runs around the method / the method's).
+        seconds_per_step: median over the timed rounds of the time inside the denoiser's forwards during
+            one generation divided by its number of denoiser calls (one call per step, classifier-free
+            guidance batched; PNDM makes one more call than steps).
+        speedup_per_step: the same pairing on the per-step times.
+        image_change: `||image - image_baseline|| / ||image_baseline||` of the final image (pixels in [0, 1]),
+            same prompt and seed; 0 for the baseline on a deterministic device.
+        denoiser_calls: denoiser forwards in one generation.
+        peak_memory_mib, memory_before_mib: the engine's peak memory during one generation, and before it.
+        image_times: every timed generation's seconds; step_times: every timed per-step seconds.
+    """
+
+    name: str
+    family: str
+    ratio: float | None
+    seconds_per_image: float
+    speedup_per_image: float
+    seconds_per_step: float
+    speedup_per_step: float
+    image_change: float
+    denoiser_calls: int
+    peak_memory_mib: float | None = None
+    memory_before_mib: float | None = None
+    image_times: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationRun:
+    """`time_generations`' result: one row and one image (the first generation's, PIL) per method."""
+
+    rows: list[GenerationRow]
+    images: list[Image.Image]
+
+
+class _Generation(NamedTuple):
+    name: str
+    denoiser_seconds: float
+    denoiser_calls: int
+
+
+class _Target(torch.nn.Module):
+    """What the engine puts methods on: a handle on the pipeline's denoiser and the name of the active method.
+
+    The denoiser is kept outside the module tree, so that the engine's block recorder, which finds a
+    model's blocks by walking its modules, records nothing: every block input of a whole generation
+    would take gigabytes, and the per-forward overhead replay does not apply to generations.
+    """
+
+    def __init__(self, denoiser: torch.nn.Module) -> None:
+        super().__init__()
+        object.__setattr__(self, "denoiser", denoiser)
+        # The engine reads the device from the model's first parameter.
+        self.anchor = torch.nn.Parameter(torch.empty(0, device=_device_of(denoiser)), requires_grad=False)
+        self.active: str | None = None
+
+
+def _on_denoiser(method: Method, target: _Target) -> Method:
+    def apply(_: torch.nn.Module) -> None:
+        method.apply(target.denoiser)
+        target.active = method.name
+
+    def remove(_: torch.nn.Module) -> None:
+        target.active = None
+        method.remove(target.denoiser)
+
+    return Method(method.name, method.family, method.ratio, apply, remove, None, dict(method.settings))
+
+
+@contextmanager
+def _quiet_diffusers() -> Iterator[None]:
+    """The same generation runs dozens of times: its warnings (prompt truncated, ...) once would be plenty."""
+    verbosity = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        diffusers_logging.set_verbosity(verbosity)
+
+
+def time_generations(
     pipe: Any,
     methods: Sequence[Method],
     prompt: str,
-    path: str | Path,
     steps: int = 20,
     guidance_scale: float = 7.5,
-    resolution: int = 512,
+    resolution: int | None = None,
     seed: int = 0,
-) -> list[tuple[str, float]]:
-    """Generate `prompt` once per method on `pipe` (methods are applied to `pipe.unet`) and save a grid.
+    settings: BenchSettings | None = None,
+    call_kwargs: dict[str, Any] | None = None,
+) -> GenerationRun:
+    """Time whole generations of `prompt` on `pipe` for every method (applied to its denoiser).
 
-    Returns:
-        `[(method name, seconds per image)]` in the order of `methods`.
+    Args:
+        pipe: a diffusers text-to-image pipeline with a `unet` or a `transformer`, the baseline on it.
+        methods: the baseline first (the reference of every speed-up and of the image change).
+        steps, guidance_scale, seed: of every generation; `resolution` the image side (None: the pipeline's).
+        settings: rounds, warm-up, memory and progress as for forwards (`BenchSettings`); no compilation,
+            and no host cost (it counts one forward's operators).
+        call_kwargs: further pipeline arguments (over `pipeline_call_kwargs(pipe)`).
+
+    Example:
+        >>> from tome_processors.bench.methods import baseline_method, preset_methods
+        >>> from tome_processors.bench.models import build_model
+        >>> bench = build_model(arch="sd15", quick=True, pipeline=True)
+        >>> methods = [baseline_method(), *preset_methods(["fast"], "unet", auto_downsample=1)]
+        >>> settings = BenchSettings(rounds=1, measure_memory=False, host_cost=False, progress=False)
+        >>> run = time_generations(bench.pipe, methods, "a cat", steps=2, resolution=64, settings=settings)
+        >>> [(row.name, row.speedup_per_image, row.image_change) for row in run.rows][0]
+        ('baseline', 1.0, 0.0)
     """
+    settings = settings or BenchSettings()
+    if settings.compile is not None:
+        raise ValueError(f"Expected no compilation for whole generations, but got compile={settings.compile!r}.")
+    if steps < 1:
+        raise ValueError(f"Expected steps >= 1, but got {steps}.")
+    settings = BenchSettings(**{**asdict(settings), "host_cost": False})
+    denoiser = denoiser_of(pipe)
+    target = _Target(denoiser)
+    kwargs = {**pipeline_call_kwargs(pipe), **(call_kwargs or {})}
+    generations: list[_Generation] = []
+    first_images: dict[str, torch.Tensor] = {}
+
+    def generate(_: torch.nn.Module) -> torch.Tensor:
+        name = target.active or "?"
+        arguments = _call_kwargs(pipe, seed, steps, guidance_scale, resolution, resolution, "pt", kwargs)
+        with torch.inference_mode(), DenoiserTimer(denoiser) as timer:
+            image = pipe(prompt, **arguments).images[0]
+        generations.append(_Generation(name, timer.seconds, timer.calls))
+        first_images.setdefault(name, image.detach().float().cpu())
+        return image
+
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
-    generate_image(pipe, prompt, seed, min(steps, 2), guidance_scale, resolution, resolution)  # warm-up
-    images, labels, results = [], [], []
-    for method in methods:
-        method.apply(pipe.unet)
-        try:
-            image, seconds = generate_image(pipe, prompt, seed, steps, guidance_scale, resolution, resolution)
-        finally:
-            method.remove(pipe.unet)
-        images.append(image)
-        ratio = "" if method.ratio is None else f"ratio {method.ratio:g}, "
-        labels.append(f"{method.family}\n{ratio}{seconds:.2f} s/image")
-        results.append((method.name, seconds))
-    save_grid(images, labels, path)
-    return results
+    wrapped = [_on_denoiser(method, target) for method in methods]
+    with _quiet_diffusers():
+        rows = run_benchmark(target, wrapped, generate, settings)
+    step_times, step_speedups = _paired_step_times(generations, [m.name for m in methods], settings)
+    result = [
+        GenerationRow(
+            name=row.name,
+            family=row.family,
+            ratio=row.ratio,
+            seconds_per_image=row.seconds,
+            speedup_per_image=row.speedup,
+            seconds_per_step=statistics.median(step_times[i]),
+            speedup_per_step=statistics.median(step_speedups[i]),
+            image_change=row.rel_error,
+            denoiser_calls=next(g.denoiser_calls for g in generations if g.name == row.name),
+            peak_memory_mib=row.peak_memory_mib,
+            memory_before_mib=row.memory_before_mib,
+            image_times=list(row.times),
+            step_times=step_times[i],
+            settings=dict(row.settings),
+        )
+        for i, row in enumerate(rows)
+    ]
+    images = [_to_pil(first_images[m.name]) for m in methods]
+    return GenerationRun(result, images)
+
+
+def _paired_step_times(
+    generations: Sequence[_Generation], names: Sequence[str], settings: BenchSettings
+) -> tuple[list[list[float]], list[list[float]]]:
+    """Per method: the per-step times of its timed generations, and their speed-ups paired as the engine pairs.
+
+    The engine runs one reference generation, `warmup` rounds of every method, then the timed rounds in
+    the order `engine._schedule` gives (baseline, a group of methods, baseline, ...); each method is paired
+    with the mean of the baseline runs just before and after its group.
+    """
+    n = len(names)
+    orders = [_schedule(n, r, settings.baseline_every, True) for r in range(settings.rounds)]
+    start = 1 + settings.warmup * n
+    timed = list(generations[start : start + sum(len(order) for order in orders)])
+    expected = [names[i] for order in orders for i in order]
+    if [g.name for g in timed] != expected:
+        got = [g.name for g in timed]
+        raise RuntimeError(f"Expected the engine's timed runs in the order {expected}, but got {got}.")
+    times: list[list[float]] = [[] for _ in range(n)]
+    speedups: list[list[float]] = [[] for _ in range(n)]
+    runs = iter(timed)
+    for order in orders:
+        pending: list[tuple[int, float]] = []
+        previous = 0.0
+        for i in order:
+            run = next(runs)
+            seconds = run.denoiser_seconds / max(run.denoiser_calls, 1)
+            if i != 0:
+                pending.append((i, seconds))
+                continue
+            times[0].append(seconds)
+            speedups[0].append(1.0)
+            for j, method_seconds in pending:
+                times[j].append(method_seconds)
+                speedups[j].append((previous + seconds) / 2 / method_seconds)
+            pending, previous = [], seconds
+    return times, speedups
+
+
+def _to_pil(image: torch.Tensor) -> Image.Image:
+    """A `(3, H, W)` image in [0, 1] as a PIL image."""
+    array = (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+    return Image.fromarray(array)
+
+
+_COLUMNS = ("method", "ratio", "s/image", "speed-up/image", "s/step", "speed-up/step", "image change %", "peak MiB")
+
+
+def generation_table(rows: Sequence[GenerationRow]) -> str:
+    """A markdown table of `time_generations` rows.
+
+    Example:
+        >>> row = GenerationRow("baseline", "baseline", None, 12.5, 1.0, 0.61, 1.0, 0.0, 21)
+        >>> print(generation_table([row]).splitlines()[2])
+        | baseline | - | 12.50 | 1.00x | 0.610 | 1.00x | 0.00 | - |
+    """
+    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    for row in rows:
+        cells = [
+            row.name,
+            format_number(row.ratio),
+            f"{row.seconds_per_image:.2f}",
+            f"{row.speedup_per_image:.2f}x",
+            f"{row.seconds_per_step:.3f}",
+            f"{row.speedup_per_step:.2f}x",
+            f"{100 * row.image_change:.2f}",
+            "-" if row.peak_memory_mib is None else f"{row.peak_memory_mib:.0f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def save_generation_json(rows: Sequence[GenerationRow], meta: dict[str, Any], path: str | Path) -> Path:
+    """`{"meta": {...}, "rows": [every GenerationRow field]}` written to `path` (strict JSON, `report.json_safe`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"meta": json_safe(meta), "rows": [json_safe(asdict(row)) for row in rows]}
+    path.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def save_generation_grid(run: GenerationRun, path: str | Path) -> Path:
+    """The images side by side, each labelled with its method, seconds per image and speed-up."""
+    labels = [f"{row.name}\n{row.seconds_per_image:.2f} s/image, {row.speedup_per_image:.2f}x" for row in run.rows]
+    return save_grid(run.images, labels, path)

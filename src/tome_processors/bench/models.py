@@ -4,7 +4,9 @@
   SDPA processors (`AttnProcessor2_0`) in every attention module;
 - `--arch pixart|sd3|flux`: a diffusion transformer (`dit.py`), keeping its own processors;
 - `--quick`: a tiny model of the same layout;
-- `--model`: a local folder or hub id (a UNet, or with `--pipeline` a whole pipeline).
+- `--model`: a local folder or hub id (a UNet, or with `--pipeline` a whole pipeline);
+- `--pipeline` without `--model`: the architecture's whole pipeline around that model, every other
+  component with random weights too (`pipelines.py`).
 
 Example:
     >>> bench_model = build_model(arch="sd15", quick=True)
@@ -17,7 +19,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,6 +28,8 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 
 from ..families import Family, find_family
 from .dit import QUICK_TEXT_TOKENS, TRANSFORMER_ARCHITECTURES, build_transformer, make_transformer_inputs
+from .generate import denoiser_of
+from .pipelines import build_pipeline
 from .unet import build_unet, load_unet, make_inputs
 
 __all__ = ["BenchModel", "build_model", "cast"]
@@ -42,7 +46,9 @@ class BenchModel:
         family: the library's model family (`families.find_family`), None for an unknown model.
         description: what the model is, for the report.
         resolution: image side in pixels of the inputs.
-        pipe: the pipeline with `--pipeline`, else None.
+        pipe: the pipeline with `--pipeline`, else None; `model` is its denoiser.
+        components: with `pipe`, component name -> what it is, for the report.
+        call_kwargs: with `pipe`, arguments every generation passes.
     """
 
     model: torch.nn.Module
@@ -51,6 +57,8 @@ class BenchModel:
     description: str
     resolution: int
     pipe: Any = None
+    components: dict[str, str] = field(default_factory=dict)
+    call_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def cast(model: torch.nn.Module, device: torch.device | str, dtype: torch.dtype) -> torch.nn.Module:
@@ -80,6 +88,7 @@ def build_model(
     seed: int = 0,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    text_encoders: str = "full",
 ) -> BenchModel:
     """The model to measure, with fixed inputs of `batch` at `resolution` pixels (default: the model's own).
 
@@ -87,15 +96,20 @@ def build_model(
         model: a local diffusers folder (a pipeline with `unet/`, or a UNet folder) or a hub id.
         arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3` or `flux` with random weights (default `sd15`).
         quick: a tiny model of the architecture's layout (128 px by default).
-        pipeline: with `model`, load the whole pipeline (for full generations).
+        pipeline: the whole pipeline (for full generations): with `model` loaded, else the architecture's
+            pipeline with random weights around the same denoiser (`pipelines.build_pipeline`).
         seed: seeds the random weights and inputs.
+        text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (`pipelines.build_pipeline`).
+
+    Example:
+        >>> bench_model = build_model(arch="pixart", quick=True, pipeline=True)
+        >>> type(bench_model.pipe).__name__, bench_model.model is bench_model.pipe.transformer
+        ('PixArtAlphaPipeline', True)
     """
     if model is not None and (arch is not None or quick):
         raise ValueError(f"Expected either a model or an architecture, but got model={model!r} and arch={arch!r}.")
-    if pipeline and model is None:
-        raise ValueError("Expected a model with pipeline=True: full generations need real weights.")
     device = torch.device(device)
-    pipe = None
+    pipe, components, call_kwargs = None, {}, {}
     if model is None and arch in TRANSFORMER_ARCHITECTURES:
         net = cast(build_transformer(arch, quick=quick, seed=seed), device, dtype)
         description = f"{arch}{' (tiny)' if quick else ''} architecture, random weights"
@@ -107,11 +121,19 @@ def build_model(
         description = f"{name} architecture, random weights"
     elif pipeline:
         pipe = DiffusionPipeline.from_pretrained(model, dtype=dtype).to(device)
-        if not isinstance(getattr(pipe, "unet", None), torch.nn.Module):
-            raise ValueError(f"Expected a pipeline with a UNet in {model}, but got {type(pipe).__name__}.")
-        net, description = pipe.unet.eval(), model
+        net, description = denoiser_of(pipe).eval(), model
+        loaded = {name: part for name, part in pipe.components.items() if part is not None}
+        components = {name: f"{type(part).__name__}, loaded" for name, part in loaded.items()}
     else:
         net, description = load_unet(model, dtype).to(device), model
+
+    if pipeline and model is None:
+        built = build_pipeline(net, arch or "sd15", quick=quick, text_encoders=text_encoders, seed=seed)
+        for part in built.pipe.components.values():
+            if isinstance(part, torch.nn.Module) and part is not net:
+                cast(part, device, dtype)
+        pipe, components, call_kwargs = built.pipe, built.components, built.call_kwargs
+        description = f"{type(pipe).__name__}, {description}"
 
     family = find_family(net)
     transformer = family is not None and family.name != "unet"
@@ -127,4 +149,4 @@ def build_model(
         )
     else:
         inputs = make_inputs(net, batch, resolution, seed=seed, device=device, dtype=dtype)
-    return BenchModel(net, inputs.run, family, description, resolution, pipe)
+    return BenchModel(net, inputs.run, family, description, resolution, pipe, components, call_kwargs)

@@ -10,7 +10,11 @@ Example:
     $ tome-processors bench                       # SD1.5 architecture, 512 px, batch 2
     $ tome-processors bench --full --json b.json --plot b.png
     $ tome-processors bench --quick --compile reduce-overhead
+    $ tome-processors bench --pipeline --quick --steps 2     # whole generations, random-weight pipeline
     $ tome-processors bench --model ./sd15 --pipeline --prompt "a red fox in the snow"
+
+With `--pipeline` it times whole generations instead (text encoder, every denoising step, VAE decode) on the
+architecture's pipeline with random weights, or on `--model`'s: seconds per image and per denoising step.
 """
 
 from __future__ import annotations
@@ -25,11 +29,12 @@ from typing import Any
 
 import torch
 
-from ..bench.engine import BenchSettings, run_benchmark
-from ..bench.generate import generate_grid
+from ..bench.engine import BenchSettings, Method, run_benchmark
+from ..bench.generate import generation_table, save_generation_grid, save_generation_json, time_generations
 from ..bench.meta import library_version, machine, package_version, resolve_device, resolve_dtype
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES, pick_methods
-from ..bench.models import build_model
+from ..bench.models import BenchModel, build_model
+from ..bench.pipelines import TEXT_ENCODER_SIZES
 from ..bench.quality import TRAINED_EPS_CHANGE, trained_quality_metrics
 from ..bench.report import markdown_table, meta_lines, save_json, save_plot
 from ..config import PRESETS, ToMeConfig
@@ -55,7 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what.add_argument("--quick", action="store_true", help="a tiny architecture that finishes in seconds")
     what.add_argument("--resolution", type=int, default=None, help="image side in pixels (default: the model's)")
-    what.add_argument("--batch", type=int, default=2, help="UNet batch size (2 = one image with CFG)")
+    what.add_argument(
+        "--batch", type=int, default=None, help="UNet batch size (default 2 = one image with CFG); not with --pipeline"
+    )
     what.add_argument(
         "--full",
         action="store_true",
@@ -133,8 +140,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the plot's x axis: the random-weight output error, or the trained denoiser's noise-prediction change",
     )
 
-    gen = parser.add_argument_group("full generations (need real weights: --model)")
-    gen.add_argument("--pipeline", action="store_true", help="generate one prompt per method and save a grid")
+    gen = parser.add_argument_group("whole generations (--pipeline)")
+    gen.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="time whole generations (text encoder, every step, VAE decode) instead of single forwards, on the "
+        "--arch pipeline with random weights (or --model's), and save a labelled image grid",
+    )
+    gen.add_argument(
+        "--text-encoders",
+        choices=TEXT_ENCODER_SIZES,
+        default=None,
+        help="random-weight --pipeline only: the real text encoders' shapes (full, the default) or their widths "
+        "with 2 layers each (small: T5-XXL alone is 19 GB in float32)",
+    )
     gen.add_argument("--prompt", default="a photo of an astronaut riding a horse on mars")
     gen.add_argument("--steps", type=int, default=20, help="denoising steps per generation")
     gen.add_argument("--guidance-scale", type=float, default=7.5)
@@ -151,6 +170,8 @@ def _resolve_defaults(args: argparse.Namespace) -> None:
         args.presets = list(DEFAULT_PRESETS)
     if args.rounds is None:
         args.rounds = 5 if args.full else 3
+    if args.batch is None and not args.pipeline:
+        args.batch = 2
 
 
 def _check(args: argparse.Namespace, fail: Any) -> None:
@@ -174,12 +195,9 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
     if args.threads is not None and args.threads < 1:
         fail(f"Expected --threads >= 1, but got {args.threads}.")
     for name in ("batch", "warmup", "steps", "rounds"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             fail(f"Expected --{name} >= 1, but got {getattr(args, name)}.")
-    if args.pipeline and args.model is None:
-        fail("Expected --model with --pipeline: full generations need real weights (a pipeline folder or hub id).")
-    if args.pipeline and args.compile is not None:
-        fail("Expected --pipeline without --compile: the generations run eagerly, but got both.")
+    _check_pipeline(args, fail)
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         fail("Expected matplotlib for --plot, but it is not installed: pip install 'tome-processors[plot]'.")
     if args.device != "auto":
@@ -191,6 +209,25 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
             fail("Expected a CUDA device for --device cuda, but torch sees none.")
         if device.type == "mps" and not torch.backends.mps.is_available():
             fail("Expected an MPS device for --device mps, but torch sees none.")
+
+
+def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
+    """The combinations `--pipeline` cannot run."""
+    if not args.pipeline:
+        if args.text_encoders is not None:
+            fail("Expected --text-encoders only with --pipeline, but got it without.")
+        return
+    if args.compile is not None:
+        fail("Expected --pipeline without --compile: the generations run eagerly, but got both.")
+    if args.batch is not None:
+        fail("Expected --pipeline without --batch: a generation's batch is the pipeline's (2 with guidance).")
+    if args.plot is not None:
+        fail("Expected --pipeline without --plot: the plot is of single forwards.")
+    if args.text_encoders is not None and (args.model is not None or args.quick):
+        fail("Expected --text-encoders only for a full-size random-weight pipeline, not with --model or --quick.")
+    transformer = args.arch in ("pixart", "sd3", "flux")
+    if transformer and args.resolution is not None and args.resolution % 16:
+        fail(f"Expected --resolution to be a multiple of 16 for the {args.arch} pipeline, but got {args.resolution}.")
 
 
 def _meta(
@@ -232,7 +269,16 @@ def run(args: argparse.Namespace) -> int:
     dtype = resolve_dtype(args.dtype, device)
 
     bench = build_model(
-        args.model, args.arch, args.quick, args.pipeline, args.resolution, args.batch, args.seed, device, dtype
+        args.model,
+        args.arch,
+        args.quick,
+        args.pipeline,
+        args.resolution,
+        args.batch or 2,
+        args.seed,
+        device,
+        dtype,
+        text_encoders=args.text_encoders or "full",
     )
     modes = [m for m in args.modes if m != "none"]
     presets = [p for p in args.presets if p != "none"]
@@ -251,6 +297,8 @@ def run(args: argparse.Namespace) -> int:
         compile=args.compile,
         compile_backend=args.compile_backend,
     )
+    if args.pipeline:
+        return _run_pipeline(args, bench, methods, settings, device, dtype, started)
     unet = bench.family is None or bench.family.name == "unet"
     extra_metrics = None
     if not (args.no_trained_quality or not unet):
@@ -272,14 +320,49 @@ def run(args: argparse.Namespace) -> int:
         title = f"{bench.description}, {bench.resolution} px, batch {args.batch}, {meta['dtype']} on {device.type}"
         error_key = TRAINED_EPS_CHANGE if args.plot_error == "trained" and extra_metrics is not None else None
         print(f"plot: {save_plot(rows, args.plot, title, error_key=error_key)}")
-    if bench.pipe is not None:
-        results = generate_grid(
-            bench.pipe, methods, args.prompt, args.grid, args.steps, args.guidance_scale, bench.resolution, args.seed
-        )
-        print()
-        print("| method | s/image |\n|---|---|")
-        print("\n".join(f"| {name} | {seconds:.2f} |" for name, seconds in results))
-        print(f"grid: {args.grid}")
+    return 0
+
+
+def _run_pipeline(
+    args: argparse.Namespace,
+    bench: BenchModel,
+    methods: list[Method],
+    settings: BenchSettings,
+    device: torch.device,
+    dtype: torch.dtype,
+    started: float,
+) -> int:
+    """`--pipeline`: time whole generations per method, print the table, save the grid and the JSON."""
+    run = time_generations(
+        bench.pipe,
+        methods,
+        args.prompt,
+        args.steps,
+        args.guidance_scale,
+        bench.resolution,
+        args.seed,
+        settings,
+        bench.call_kwargs,
+    )
+    meta = _meta(args, device, dtype, bench.description, bench.resolution, started)
+    meta.update(
+        batch=None,
+        pipeline=type(bench.pipe).__name__,
+        components=dict(bench.components),
+        prompt=args.prompt,
+        steps=args.steps,
+        denoiser_calls=run.rows[0].denoiser_calls,
+        guidance_scale=args.guidance_scale,
+        seconds="per image: one generation end to end; per step: inside the denoiser, per denoiser call",
+    )
+    print(generation_table(run.rows))
+    print()
+    print(meta_lines({key: value for key, value in meta.items() if key != "components"}))
+    print("- components:")
+    print("\n".join(f"  - {name}: {what}" for name, what in bench.components.items()))
+    if args.json:
+        print(f"JSON: {save_generation_json(run.rows, meta, args.json)}")
+    print(f"grid: {save_generation_grid(run, args.grid)}")
     return 0
 
 
