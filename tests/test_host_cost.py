@@ -10,16 +10,27 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from typing import NamedTuple
 
+import numpy as np
 import pytest
 import torch
-from diffusers import UNet2DConditionModel
+from diffusers import (
+    DDIMScheduler,
+    EulerDiscreteScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    HeunDiscreteScheduler,
+    StableDiffusionImg2ImgPipeline,
+    UNet2DConditionModel,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tome_processors as tp
 from tome_processors import context as context_module
+from tome_processors.hooks import context_of
 
 from models import CROSS_DIM, unet_inputs
+from pipelines import tiny_sd_pipeline
 from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
 
 SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "lift_fresh"}
@@ -86,8 +97,8 @@ def count_ops(model: torch.nn.Module, inputs: dict) -> tuple[collections.Counter
     merged: set[int] = set()
     original = context_module.BlockState.merge_for
 
-    def recording(self, config):
-        merge = original(self, config)
+    def recording(self, config, *args, **kwargs):
+        merge = original(self, config, *args, **kwargs)
         if merge is not None:
             merged.add(id(self))
         return merge
@@ -152,8 +163,9 @@ def test_no_host_sync_with_k_v_pooling(one_thread):
     assert not any(ops[name] for name in SYNC_OPS)
 
 
-def test_ratio_schedule_reads_the_timestep_once_per_forward(one_thread):
-    # The one host read left: a ratio that follows the timestep changes the merged shape with it.
+def test_ratio_schedule_without_a_pipeline_reads_the_timestep_once_per_forward(one_thread):
+    # The fallback: a model called on its own has no schedule on the host, so a ratio that follows the
+    # timestep (and changes the merged shape with it) reads the timestep, once per forward.
     model = unet()
     inputs = unet_call_inputs(model)
     baseline_ops, _ = count_ops(model, inputs)
@@ -162,6 +174,193 @@ def test_ratio_schedule_reads_the_timestep_once_per_forward(one_thread):
     ops, _ = count_ops(model, inputs)
     assert ops["_local_scalar_dense"] - baseline_ops["_local_scalar_dense"] == 1
     assert not any(ops[name] > baseline_ops[name] for name in SYNC_OPS - {"_local_scalar_dense"})
+
+
+class Forward(NamedTuple):
+    syncs: int  # host-sync ops from before ToMe's model pre-hook to the end of the forward
+    timestep: float | None  # the timestep value ToMe's `ratio_start` used
+    rows: tuple[int, ...]  # merged rows of every merged block (the ratio's trace)
+
+
+@contextlib.contextmanager
+def recording_forwards(model: torch.nn.Module):
+    """Every forward of `model` inside: a `Forward` each (oneDNN off: the GPU's code path)."""
+    records: list[Forward] = []
+    counters: list[OpCounter] = []
+    rows: list[int] = []
+    original = context_module.BlockState.merge_for
+
+    def merge_for(self, config, *args, **kwargs):
+        merge = original(self, config, *args, **kwargs)
+        if merge is not None:
+            rows.append(merge.num_rows - merge.text_rows)
+        return merge
+
+    def pre_hook(module, args, kwargs):
+        rows.clear()
+        counters.append(OpCounter())
+        counters[-1].__enter__()
+
+    def hook(module, args, kwargs, output):
+        counter = counters.pop()
+        counter.__exit__(None, None, None)
+        state = context_of(module).model_state
+        records.append(Forward(sum(counter.ops[name] for name in SYNC_OPS), state.timestep_value, tuple(rows)))
+
+    handles = [
+        model.register_forward_pre_hook(pre_hook, with_kwargs=True, prepend=True),  # before ToMe's
+        model.register_forward_hook(hook, with_kwargs=True),
+    ]
+    try:
+        with pytest.MonkeyPatch.context() as patch, torch.backends.mkldnn.flags(enabled=False):
+            patch.setattr(context_module.BlockState, "merge_for", merge_for)
+            yield records
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+SCHEDULERS = {
+    "ddim": lambda config: DDIMScheduler.from_config(config),
+    "euler-karras": lambda config: EulerDiscreteScheduler.from_config(config, use_karras_sigmas=True),  # fractional
+    "heun": lambda config: HeunDiscreteScheduler.from_config(config),  # order 2: every timestep but the first twice
+}
+
+
+def generation(pipe, img2img: bool, seed: int = 0) -> np.ndarray:
+    args = dict(prompt="a cat", num_inference_steps=4, output_type="np", generator=torch.Generator().manual_seed(seed))
+    if img2img:  # strength < 1: the loop enters the schedule partway (`timesteps[t_start * order:]`)
+        args.update(image=torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(5)), strength=0.6)
+    else:
+        args.update(height=32, width=32)
+    with torch.no_grad():
+        return pipe(**args).images
+
+
+@pytest.mark.parametrize("img2img", [False, True], ids=["txt2img", "img2img"])
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+def test_ratio_schedule_in_a_pipeline_generation_reads_no_timestep(scheduler, img2img, tmp_path, one_thread):
+    # Applied to a pipeline, the timesteps go to the host once per generation (before its loop), and each
+    # forward finds its own there: no host sync, and exactly the ratios (merged sizes, images) that reading
+    # the timestep back gives, for integer (DDIM), fractional (Karras) and repeated (Heun) timesteps.
+    pipe = tiny_sd_pipeline(tmp_path)
+    if img2img:
+        pipe = StableDiffusionImg2ImgPipeline.from_pipe(pipe)
+        pipe.set_progress_bar_config(disable=True)
+    pipe.scheduler = SCHEDULERS[scheduler](pipe.scheduler.config)
+    options = dict(ratio=0.3, ratio_start=0.7)
+    results = {}
+    for target in (pipe, pipe.unet):  # the pipeline; the model alone (the read-back fallback)
+        tp.apply_tome(target, **options)
+        generation(pipe, img2img)  # the first forwards fill the per-grid caches
+        with recording_forwards(pipe.unet) as records:
+            images = generation(pipe, img2img)
+        tp.remove_tome(target)
+        results[target is pipe] = (records, images)
+    (with_schedule, images), (read_back, expected_images) = results[True], results[False]
+    assert [f.syncs for f in with_schedule] == [0] * len(with_schedule)
+    assert [f.syncs for f in read_back] == [1] * len(read_back)
+    assert [(f.timestep, f.rows) for f in with_schedule] == [(f.timestep, f.rows) for f in read_back]
+    assert len({f.rows for f in with_schedule}) > 1, "the ratio must change over the generation"
+    if scheduler == "heun":  # repeated timesteps found as themselves
+        assert len({f.timestep for f in with_schedule}) < len(with_schedule)
+    np.testing.assert_array_equal(images, expected_images)
+    assert "progress_bar" not in vars(pipe)
+
+
+def test_a_schedule_given_to_a_model_serves_every_call_of_a_step(one_thread):
+    # Model-only use (`set_timestep_schedule`), with two calls per step as in unbatched classifier-free
+    # guidance; a timestep from elsewhere is still read, once.
+    model = unet()
+    inputs = unet_call_inputs(model)
+    scheduler = EulerDiscreteScheduler(beta_schedule="scaled_linear", use_karras_sigmas=True)
+    scheduler.set_timesteps(4)
+    tp.apply_tome(model, ratio=0.3, ratio_start=0.7)
+    forward(model, inputs)
+    tp.set_timestep_schedule(model, scheduler.timesteps)
+    expected = [value for value in scheduler.timesteps.tolist() for _ in range(2)]
+    with recording_forwards(model) as records:
+        for t in scheduler.timesteps:
+            for _ in range(2):
+                forward(model, {**inputs, "timestep": t})
+        forward(model, {**inputs, "timestep": torch.tensor(321.5)})
+    assert [f.syncs for f in records] == [0] * 8 + [1]
+    assert [f.timestep for f in records] == [*expected, 321.5]
+    assert expected[2] % 1, "fractional timesteps"
+    context_of(model).reset()  # the end of a generation drops the schedule
+    with recording_forwards(model) as records:
+        forward(model, {**inputs, "timestep": scheduler.timesteps[1]})
+    assert records[0].syncs == 1 and records[0].timestep == expected[2]
+
+
+class FluxLikePipeline:
+    """What the Flux pipelines do around the transformer: `progress_bar` opens the loop, `_current_timestep`
+    is set to `t`, and the model gets a new tensor `t / 1000` in every call (two per step with true CFG)."""
+
+    def __init__(self, transformer: torch.nn.Module) -> None:
+        self.transformer = transformer
+        self.scheduler = FlowMatchEulerDiscreteScheduler()
+        self._current_timestep = None
+
+    @contextlib.contextmanager
+    def progress_bar(self, total: int | None = None):
+        yield None
+
+    def __call__(self, inputs: dict, steps: int = 3) -> list[torch.Tensor]:
+        self.scheduler.set_timesteps(steps)
+        self.scheduler.set_begin_index(0)
+        outputs = []
+        with self.progress_bar(total=steps):
+            for t in self.scheduler.timesteps:
+                self._current_timestep = t
+                for _ in range(2):
+                    timestep = t.expand(inputs["hidden_states"].shape[0]).to(inputs["hidden_states"].dtype)
+                    outputs.append(forward(self.transformer, {**inputs, "timestep": timestep / 1000}))
+        self._current_timestep = None
+        return outputs
+
+
+def test_flux_pipeline_timesteps_are_found_through_the_current_timestep(one_thread):
+    model = tiny_flux(2, 2)
+    inputs = flux_inputs(batch=1)
+    pipe = FluxLikePipeline(model)
+    results = {}
+    for target in (pipe, model):  # the pipeline; the model alone (the read-back fallback)
+        tp.apply_tome(target, ratio=0.3, ratio_start=0.7)
+        pipe(inputs)
+        with recording_forwards(model) as records:
+            outputs = pipe(inputs)
+        tp.remove_tome(target)
+        results[target is pipe] = (records, outputs)
+    (with_schedule, outputs), (read_back, expected) = results[True], results[False]
+    assert [f.syncs for f in with_schedule] == [0] * 6 and [f.syncs for f in read_back] == [1] * 6
+    # The schedule's own values; reading back gives them through `t / 1000 * 1000` in float32.
+    assert [f.timestep for f in with_schedule] == [v for v in pipe.scheduler.timesteps.tolist() for _ in range(2)]
+    assert [f.timestep for f in with_schedule] == pytest.approx([f.timestep for f in read_back], rel=1e-6)
+    assert [f.rows for f in with_schedule] == [f.rows for f in read_back]
+    for got, want in zip(outputs, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_pipelines_watch_their_schedule_only_for_ratio_start_and_stop_when_tome_goes(tmp_path, one_thread):
+    pipe = tiny_sd_pipeline(tmp_path)
+    tp.apply_tome(pipe, ratio=0.5)
+    assert "progress_bar" not in vars(pipe)  # nothing to find: no ratio schedule
+    tp.apply_tome(pipe, ratio=0.5, ratio_start=0.7)
+    assert "progress_bar" in vars(pipe)
+    tp.remove_tome(pipe)
+    assert "progress_bar" not in vars(pipe)
+    tp.enable_tome(pipe, ratio=0.5, ratio_start=0.7)
+    context = context_of(pipe.unet)
+    seen = []
+    handle = pipe.unet.register_forward_pre_hook(lambda module, args: seen.append(context.schedule))
+    generation(pipe, img2img=False)
+    handle.remove()
+    assert seen[0] is not None and all(schedule is seen[0] for schedule in seen)  # one copy per generation
+    assert seen[0].values == pipe.scheduler.timesteps.tolist()
+    assert context.schedule is None  # dropped at the end of the generation
+    tp.disable_tome(pipe)
+    assert "progress_bar" not in vars(pipe)
 
 
 # Models with the real number of merged blocks (SD1.5: five at the first level, PixArt-alpha 28, SD3 24,
@@ -181,11 +380,12 @@ BUDGETS = [
     pytest.param("unet", {"share_level": True}, 25, id="unet-share_level"),
     pytest.param("pixart", {"share_level": True}, 12, id="pixart-share_level"),
     pytest.param("sd3", {"share_level": True}, 12, id="sd3-share_level"),
-    # Over the 30-op target by the rotary tables gathered for the merged rows and the text tokens cut off
-    # and put back in every block: held here so that it does not grow. (A batch of several runs attention
-    # one sample at a time: each sample's rotary positions follow its own merge.)
-    pytest.param("flux", {}, 38, id="flux"),
-    pytest.param("flux", {"share_level": True}, 14, id="flux-share_level"),
+    # Flux also gathers each merge's rotary tables (the text positions and those of the partition's
+    # destinations are made once per partition, not per block) and its single blocks merge the text along
+    # as rows of their own instead of cutting it off and putting it back. (A batch of several runs
+    # attention one sample at a time: each sample's rotary positions follow its own merge.)
+    pytest.param("flux", {}, 30, id="flux"),
+    pytest.param("flux", {"share_level": True}, 9, id="flux-share_level"),
 ]
 
 
@@ -209,6 +409,43 @@ def test_aten_ops_per_merged_block_stay_within_budget(family, options, budget, o
     per_block, merged, syncs = cost_per_merged_block(family, options)
     assert merged >= 5 and syncs == 0
     assert per_block <= budget, f"{per_block:.1f} aten ops per merged block, budget {budget}"
+
+
+FLUX_CALLS: dict[tuple[int, int, int], dict] = {}
+
+
+def flux_call(h: int, w: int, t: float, batch: int) -> dict:
+    """Flux's inputs at timestep `t`; one `img_ids` object per grid, as a pipeline passes (read once)."""
+    inputs = FLUX_CALLS.setdefault((h, w, batch), flux_inputs(batch=batch, h=h, w=w))
+    return {**inputs, "timestep": torch.full((batch,), t)}
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_flux_cost_and_output_hold_across_timesteps_and_grid_changes(batch, one_thread):
+    # What a forward sets up once (partitions, positions, rotary tables) must be right in every forward:
+    # each output equals a fresh application's, and the budget holds in every forward of a grid seen before.
+    model = tiny_flux(19, 38)
+    calls = [(6, 8, 1.0), (6, 8, 0.6), (5, 9, 0.45), (5, 9, 0.3), (6, 8, 0.2), (7, 4, 0.9), (6, 8, 0.1)]
+    expected = []
+    for h, w, t in calls:
+        tp.apply_tome(model)
+        expected.append(forward(model, flux_call(h, w, t, batch)))
+        tp.remove_tome(model)
+    baselines = {(h, w): count_ops(model, flux_call(h, w, 0.5, batch))[0] for h, w, _ in calls}
+    tp.apply_tome(model)
+    seen, last = set(), None
+    for (h, w, t), want in zip(calls, expected, strict=True):
+        inputs = flux_call(h, w, t, batch)
+        ops, merged = count_ops(model, inputs)
+        assert torch.equal(forward(model, inputs), want)
+        baseline = baselines[(h, w)]
+        if (h, w) == last:  # within a generation (the family reads img_ids again after another grid)
+            assert not any(ops[name] > baseline[name] for name in SYNC_OPS)
+        if (h, w) in seen:  # the first forward of a grid fills its caches
+            per_block = (sum(ops.values()) - sum(baseline.values())) / merged
+            assert merged == 57 and (batch > 1 or per_block <= 30), f"{per_block:.1f} ops per block at {(h, w, t)}"
+        seen.add((h, w))
+        last = (h, w)
 
 
 def test_reusing_merges_costs_fewer_ops_than_computing_them(one_thread):

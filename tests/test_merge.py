@@ -158,3 +158,32 @@ def test_window_mix_keeps_every_seed_bit_and_values_below_2_to_32(seed):
     other, _ = window_mix(3, 50, seed + 2**31)  # seeds that differ only above bit 31 differ too
     assert not torch.equal(multiplier, other)
     assert 0 <= int(multiplier.min()) and int(multiplier.max()) < 2**32 and int(offset.max()) < 2**32
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("random", [False, True])
+def test_text_rows_pass_the_text_through_and_merge_the_grid_as_without_them(batch, random):
+    # Flux's single blocks merge text + image tokens at once, each text token a row of its own: exactly
+    # what cutting the text off, merging the image tokens and putting the text back gives, with positions
+    # (for rotary tables) that count the text first.
+    h, w, text, r = 5, 7, 4, 12
+    g = torch.Generator().manual_seed(batch + 2 * random)
+    metric, x = torch.randn(batch, h * w, 8, generator=g), torch.randn(batch, text + h * w, 5, generator=g)
+    layout = GridLayout.build(h, w, 2, 2)
+    if random:
+        choice = window_choice(window_mix(2, layout.windows, seed=1), torch.tensor(7), layout.places)
+        base = layout.partitions(choice, batch).unbind()[1]
+    else:
+        base = layout.fixed(batch)
+    plain = match(metric, base, r, with_row_token=True)
+    joint = match(metric, layout.with_text(base, batch, text, 0, lead=True), r, with_row_token=True)
+    positions = torch.cat([torch.arange(text).expand(batch, text), plain.row_token + text], dim=1)
+    assert torch.equal(joint.token_row, plain.token_row) and torch.equal(joint.row_token, positions)
+    direct = match(metric, layout.with_text(base, batch, text, text, lead=True), r, with_row_token=True)
+    y = torch.randn(batch, text + plain.num_rows, 5, generator=g)
+    for merge in (direct, joint.with_text_rows(text), plain.with_text_rows(text)):
+        assert (merge.num_tokens, merge.num_rows, merge.text_rows) == (text + h * w, text + plain.num_rows, text)
+        assert torch.equal(merge.merge(x), torch.cat([x[:, :text], plain.merge(x[:, text:])], dim=1))
+        assert torch.equal(merge.unmerge(y), torch.cat([y[:, :text], plain.unmerge(y[:, text:])], dim=1))
+        assert torch.equal(merge.row_token, positions)
+    assert joint.with_text_rows(text) is joint.with_text_rows(text)  # extended once, kept

@@ -8,6 +8,7 @@ Example:
 
 from .apply import apply_tome, is_tome_applied, remove_tome
 from .config import ToMeConfig
+from .hooks import set_timestep_schedule
 from .pipeline import ToMeMixin, disable_tome, enable_tome, patch_pipelines, unpatch_pipelines
 from .processor import ToMeProcessor
 
@@ -24,5 +25,6 @@ __all__ = [
     "is_tome_applied",
     "patch_pipelines",
     "remove_tome",
+    "set_timestep_schedule",
     "unpatch_pipelines",
 ]

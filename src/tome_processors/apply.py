@@ -9,7 +9,7 @@ import torch
 
 from .config import Preset, ToMeConfig
 from .families import Family, family_of
-from .hooks import attention_modules, context_of, install, warn_if_merges_nothing
+from .hooks import attention_modules, context_of, install, unwatch_schedule, warn_if_merges_nothing, watch_schedule
 from .processor import ToMeProcessor
 
 logger = logging.getLogger(__name__)
@@ -106,6 +106,8 @@ def apply_tome(
         for attn in attention_modules(model):
             attn.set_processor(ToMeProcessor(attn.processor, config))
         logger.debug("ToMe applied to %s: %d blocks", type(model).__name__, len(context.blocks))
+    if not isinstance(model_or_pipeline, torch.nn.Module):  # `ratio_start` finds its timesteps on the host
+        watch_schedule(model_or_pipeline, models)
     return model_or_pipeline
 
 
@@ -123,6 +125,8 @@ def remove_tome(model_or_pipeline: T) -> T:
         if context is not None:
             context.remove(model)
         unwrap_processors(model)
+    if not isinstance(model_or_pipeline, torch.nn.Module):
+        unwatch_schedule(model_or_pipeline)
     return model_or_pipeline
 
 

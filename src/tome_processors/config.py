@@ -75,8 +75,10 @@ class ToMeConfig:
             not merged and `max_downsample` is not used. Stored as sorted `(level, ratio)` pairs, so
             the config stays hashable.
         ratio_start: the ratio at the noisiest timestep; it moves linearly to `ratio` (or the
-            level's ratio) at timestep 0. `None` keeps the ratio constant. The one option that reads
-            the timestep on the host (once per forward): the merged shape follows it.
+            level's ratio) at timestep 0. `None` keeps the ratio constant. The merged shape follows
+            the timestep, which is taken from the scheduler's timesteps copied to the host once per
+            generation when applied to a pipeline (or `set_timestep_schedule`), else read on the host
+            once per forward.
         num_train_timesteps: the timestep scale of `ratio_start` (1000 for Stable Diffusion).
         similarity_dtype: compute the similarity matrix in this dtype (`"bfloat16"` is faster than
             float32 on CPUs with native bfloat16, AVX512-BF16 or AMX); the chosen pairs are then

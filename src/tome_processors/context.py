@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import torch
 
+from ._similarity import is_compiling
 from .config import ToMeConfig
 from .families import Layout
 from .merge import GridLayout, Partition, TokenMerge, cached, level_downsample, match, window_choice, window_mix
@@ -31,7 +32,7 @@ class Grid(NamedTuple):
 
 @dataclass
 class _KeptMerge:
-    merge: TokenMerge | None
+    merge: TokenMerge
     step: int
 
 
@@ -45,7 +46,8 @@ class ModelState:
         needs_row_token: whether merges record `TokenMerge.row_token` (Flux's rotary embeddings).
         latent_hw: `(H, W)` of the model's token grid in the current (or last) forward.
         timestep: the current forward's timestep as given (a tensor stays on its device).
-        timestep_value: the timestep as a number; read on the host only for `ratio_start`.
+        timestep_value: the timestep as a number, only for `ratio_start`: from the generation's
+            `HostSchedule` where it has this forward's timestep, else read on the host.
         step: denoising steps since the last `reset()`, for `recompute_every`: a forward with another
             timestep object (or number) than the last is a new step, so two calls of one step (an
             unbatched classifier-free guidance) share it; nothing is read from the device.
@@ -66,6 +68,7 @@ class ModelState:
     # that are replaced, not mutated: torch.compile breaks the graph at diffusers' signature lookup
     # after a dict mutation.
     _plans: tuple = ()
+    _stacks: tuple = ()
     _shared: tuple = ()
     # Per grid and device, built once (bounded): `GridLayout`s, the per-block hash values of the random
     # choice, and the fixed partitions.
@@ -85,24 +88,28 @@ class ModelState:
         self.step = 0
         self._last_timestep = None
         self._plans = ()
+        self._stacks = ()
         self._shared = ()
         self.kept.clear()
 
-    def begin(self, latent_hw: tuple[int, int], timestep: object) -> None:
+    def begin(self, latent_hw: tuple[int, int], timestep: object, timestep_value: float | None = None) -> None:
         """Record the token grid (a UNet's latent, a transformer's patch grid) and timestep of a forward.
 
-        Nothing is read back from the device: the random choice keys on the timestep tensor itself.
+        Nothing is read back from the device: the random choice keys on the timestep tensor itself, and
+        `ratio_start` takes `timestep_value` (the timestep as found in a `HostSchedule`), reading the
+        timestep on the host only where that is None.
         """
         if self.latent_hw is not None and latent_hw != self.latent_hw:
             self.kept.clear()  # another image size: merges kept for reuse no longer fit
         self.latent_hw = latent_hw
         self.timestep = timestep
         self._plans = ()
+        self._stacks = ()
         self._shared = ()
         if self.config.recompute_every > 1:  # host counting: reuse across steps is for eager runs
             self._count_step(timestep)
         if self.config.ratio_start is not None:
-            self.timestep_value = _timestep_value(timestep)
+            self.timestep_value = timestep_value if timestep_value is not None else _timestep_value(timestep)
 
     def _count_step(self, timestep: object) -> None:
         last = self._last_timestep
@@ -126,25 +133,51 @@ class ModelState:
         key = (grid.h, grid.w, config.sx, config.sy, device)
         return cached(self._layouts, key, lambda: GridLayout.build(grid.h, grid.w, config.sx, config.sy, device))
 
-    def partitions(self, config: ToMeConfig, grid: Grid, batch: int, device: torch.device) -> list[Partition]:
-        """This forward's partition of `grid` for every block (one list entry per block, or one for all)."""
-        key = (config, grid, batch, device)
+    def partitions(
+        self, config: ToMeConfig, grid: Grid, batch: int, device: torch.device, text: int = 0, text_rows: int = 0
+    ) -> list[Partition]:
+        """This forward's partition of `grid` for every block (one list entry per block, or one for all).
+
+        `text` / `text_rows`: see `GridLayout.with_text` (Flux's blocks: the text ahead of the image tokens).
+        """
+        key = (config, grid, batch, device, text, text_rows)
         for plan_key, plan in self._plans:
             if plan_key == key:
                 return plan
         layout = self.layout(grid, config, device)
+        lead = self.needs_row_token
         # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd).
         if config.use_rand and batch % 2 == 0:
-            choice = window_choice(self._mix(config, layout, device), self._step_key(), layout.places)
-            plan = layout.partitions(choice, batch).unbind()
+            stack = self._stack(config, layout, batch, device)
+            if text or text_rows or lead:  # once per forward for every block, not in each block
+                stack = layout.with_text(stack, batch, text, text_rows, lead)
+            plan = stack.unbind()
         else:
-            plan = [self._fixed(layout, batch)]
+            plan = [self._fixed(layout, batch, text, text_rows)]
         self._plans = (*self._plans, (key, plan))
         return plan
 
-    def _fixed(self, layout: GridLayout, batch: int) -> Partition:
-        key = (layout.h, layout.w, layout.sx, layout.sy, layout.origins.device, batch)
-        return cached(self._fixed_partitions, key, lambda: layout.fixed(batch))
+    def _stack(self, config: ToMeConfig, layout: GridLayout, batch: int, device: torch.device) -> Partition:
+        # Every block's partition of this forward, drawn at once; kept for the forward's other text layouts.
+        key = (config, layout.h, layout.w, batch, device)
+        for stack_key, stack in self._stacks:
+            if stack_key == key:
+                return stack
+        choice = window_choice(self._mix(config, layout, device), self._step_key(), layout.places)
+        stack = layout.partitions(choice, batch)
+        self._stacks = (*self._stacks, (key, stack))
+        return stack
+
+    def _fixed(self, layout: GridLayout, batch: int, text: int, text_rows: int) -> Partition:
+        key = (layout.h, layout.w, layout.sx, layout.sy, layout.origins.device, batch, text, text_rows)
+
+        def make() -> Partition:
+            partition = layout.fixed(batch)
+            if text or text_rows or self.needs_row_token:
+                partition = layout.with_text(partition, batch, text, text_rows, self.needs_row_token)
+            return partition
+
+        return cached(self._fixed_partitions, key, make)
 
     def _mix(self, config: ToMeConfig, layout: GridLayout, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         key = (config.seed, max(self.num_blocks, 1), layout.windows, device)
@@ -162,11 +195,59 @@ class ModelState:
 
 
 def _timestep_value(timestep: object) -> float | None:
-    # The one host read left in a forward, and only for `ratio_start` (its ratio, and so the merged
-    # tensor's shape, follows the timestep).
+    # The fallback for `ratio_start` (its ratio, and so the merged tensor's shape, follows the timestep)
+    # where no `HostSchedule` knows this forward's timestep: one host read per forward.
     if timestep is None:
         return None
     return float(timestep.reshape(-1)[0]) if isinstance(timestep, torch.Tensor) else float(timestep)
+
+
+class HostSchedule:
+    """A generation's timesteps copied to the host once, and each forward's timestep found in them without a read.
+
+    A pipeline's loop calls the model with `t` from `scheduler.timesteps` (`for t in timesteps`), or a
+    view of it (`t.expand(batch)`, `t[None]`, img2img's `timesteps[t_start:]`): where it sits in the
+    schedule's storage is host metadata (its address), which gives its index, and the host copy its
+    value. Nothing counts steps, so two calls with one `t` (unbatched classifier-free guidance), a
+    schedule that repeats timesteps (Heun, order 2) and one entered partway (img2img) all find their
+    own entry. A timestep that is no view of the schedule (Flux's pipelines pass `t / 1000`) is looked
+    for in the pipeline's `_current_timestep`, which the newer pipelines set to `t` before the call.
+    Where neither is found, `value_for` gives None and the caller reads the timestep (one host read).
+
+    Args:
+        timesteps: the schedule, a 1-D tensor on any device (e.g. `scheduler.timesteps` right after
+            `scheduler.set_timesteps`); copied to the host here, once.
+        pipeline: the pipeline whose `_current_timestep` is looked at too (held weakly), or None.
+    """
+
+    def __init__(self, timesteps: torch.Tensor, pipeline: object = None) -> None:
+        timesteps = timesteps.detach()
+        if timesteps.ndim != 1:
+            raise ValueError(f"Expected a 1-D tensor of timesteps, but got shape {tuple(timesteps.shape)}.")
+        self.timesteps = timesteps  # held, so that no other tensor can take its storage's address
+        self.values: list[float] = [float(v) for v in timesteps.tolist()]  # the one copy to the host
+        self._pipeline = weakref.ref(pipeline) if pipeline is not None else None
+
+    def value_for(self, timestep: object) -> float | None:
+        """The schedule's value at `timestep` (a tensor that is an entry of the schedule or a view of one), or None."""
+        if is_compiling():  # addresses are not traced: the caller reads the timestep as before
+            return None
+        index = self._index_of(timestep)
+        if index is None and self._pipeline is not None:
+            index = self._index_of(getattr(self._pipeline(), "_current_timestep", None))
+        return None if index is None else self.values[index]
+
+    def _index_of(self, timestep: object) -> int | None:
+        base = self.timesteps
+        if not isinstance(timestep, torch.Tensor) or timestep.numel() == 0:
+            return None
+        if timestep.dtype != base.dtype or timestep.device != base.device or timestep.is_meta:
+            return None
+        if timestep.untyped_storage().data_ptr() != base.untyped_storage().data_ptr():
+            return None
+        # Its first element's offset in the schedule (stride 1), as `_timestep_value` reads the first.
+        index, remainder = divmod(timestep.data_ptr() - base.data_ptr(), base.element_size() * base.stride(0))
+        return index if remainder == 0 and 0 <= index < len(self.values) else None
 
 
 @dataclass
@@ -206,17 +287,30 @@ class BlockState:
         """Whether `config` acts on this block's level at all (before any timestep schedule)."""
         return config.level_ratio(grid.downsample, self.model.max_downsample(config)) > 0
 
-    def merge_for(self, config: ToMeConfig) -> TokenMerge | None:
-        """The merge of this block's tokens under `config`, or None where this block is not merged."""
+    def merge_for(self, config: ToMeConfig, text: int | None = 0, text_rows: bool = False) -> TokenMerge | None:
+        """The merge of this block's tokens under `config`, or None where this block is not merged.
+
+        Args:
+            text: text tokens ahead of the image tokens in the attention's sequence (Flux), which
+                `TokenMerge.row_token` counts; None takes whatever merge of the image tokens alone this
+                block already has (the feed-forward, which has no positions).
+            text_rows: merge those text tokens along, each a row of its own (`TokenMerge.text_rows`).
+        """
+        if not (self.model.needs_row_token or text_rows):
+            text = 0  # nothing counts the text: one merge for every caller
         # One slot (all processors of a model normally share one config), kept in attributes rather
         # than a dict: torch.compile breaks the graph at diffusers' signature lookup after a dict mutation.
+        merge = self.merge
         if self.merged_config is not None and self.merged_config == config:
-            return self.merge
-        merge = self._merge_or_reuse(config)
+            if merge is None or (text is None and not merge.text_rows):
+                return merge
+            if merge.text == text and bool(merge.text_rows) == text_rows:
+                return merge
+        merge = self._merge_or_reuse(config, text or 0, text_rows)
         self.merged_config, self.merge = config, merge
         return merge
 
-    def _merge_or_reuse(self, config: ToMeConfig) -> TokenMerge | None:
+    def _merge_or_reuse(self, config: ToMeConfig, text: int, text_rows: bool) -> TokenMerge | None:
         metric = self.metric
         if metric is None or metric.ndim != 3:
             return None
@@ -229,27 +323,39 @@ class BlockState:
         r = min(int(num_tokens * config.ratio_at(level_ratio, model.timestep_value)), _num_sources(grid, config))
         if r <= 0:
             return None
+        # A merge shared by several blocks is made of the image tokens alone; blocks that merge the text
+        # along extend it (once, kept on the merge).
+        rows = 0 if config.share_level or not text_rows else text
+        merge = None
         if config.share_level:  # one merge per level and forward, from the level's first block
-            shared_key = (config, grid, batch, r)
-            for key, merge in model._shared:
-                if key == shared_key:
-                    return merge
-        if config.recompute_every > 1:
-            kept_key = (config, -1 if config.share_level else self.index, batch, grid, r)
-            kept = model.kept.get(kept_key)
-            if kept is not None and model.step - kept.step < config.recompute_every:
-                return kept.merge
-        merge = self._compute(config, metric, grid, r)
-        if config.share_level:
-            model._shared = (*model._shared, (shared_key, merge))
-        if config.recompute_every > 1:
-            if len(model.kept) >= _MAX_KEPT_MERGES:
-                model.kept.clear()
-            model.kept[kept_key] = _KeptMerge(merge, model.step)
+            shared_key = (config, grid, batch, r, text)
+            merge = next((shared for key, shared in model._shared if key == shared_key), None)
+        if merge is None:
+            merge = self._kept_or_computed(config, metric, grid, r, text, rows)
+            if config.share_level:
+                model._shared = (*model._shared, (shared_key, merge))
+        return merge.with_text_rows(text) if text_rows and not merge.text_rows else merge
+
+    def _kept_or_computed(
+        self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, text: int, rows: int
+    ) -> TokenMerge:
+        if config.recompute_every <= 1:
+            return self._compute(config, metric, grid, r, text, rows)
+        model = self.model
+        kept_key = (config, -1 if config.share_level else self.index, metric.shape[0], grid, r, text, rows)
+        kept = model.kept.get(kept_key)
+        if kept is not None and model.step - kept.step < config.recompute_every:
+            return kept.merge
+        merge = self._compute(config, metric, grid, r, text, rows)
+        if len(model.kept) >= _MAX_KEPT_MERGES:
+            model.kept.clear()
+        model.kept[kept_key] = _KeptMerge(merge, model.step)
         return merge
 
-    def _compute(self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int) -> TokenMerge:
-        plan = self.model.partitions(config, grid, metric.shape[0], metric.device)
+    def _compute(
+        self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, text: int, rows: int
+    ) -> TokenMerge:
+        plan = self.model.partitions(config, grid, metric.shape[0], metric.device, text, rows)
         partition = plan[self.index] if len(plan) > 1 else plan[0]
         similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
         return match(metric, partition, r, similarity_dtype, self.model.needs_row_token)

@@ -25,8 +25,10 @@ everything ToMe installed, so nothing of ToMe runs from that forward on.
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -38,7 +40,7 @@ from diffusers.utils.torch_utils import unwrap_module
 from ._similarity import is_compiling
 from .arguments import argument
 from .config import ToMeConfig
-from .context import SLOT_ATTR, AttentionSlot, BlockState, ModelState
+from .context import SLOT_ATTR, AttentionSlot, BlockState, HostSchedule, ModelState
 from .families import BlockSite, Family, attention_levels, family_of
 
 logger = logging.getLogger(__name__)
@@ -95,6 +97,7 @@ class ToMeContext:
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
         self.hook: _ContextHook | None = None
         self.created_registry = False
+        self.schedule: HostSchedule | None = None  # this generation's timesteps, for `ratio_start`
 
     def begin(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """Start a forward of `model` called with `args` / `kwargs`: its token grid and timestep."""
@@ -104,7 +107,11 @@ class ToMeContext:
         if grid is None:
             state.reset()
             return
-        state.begin(grid, family.timestep(args, kwargs))
+        value = None
+        if state.config.ratio_start is not None and self.schedule is not None:
+            # The argument as passed (a view of the schedule), not the family's rescaled copy.
+            value = self.schedule.value_for(argument(args, kwargs, family.timestep_position, "timestep"))
+        state.begin(grid, family.timestep(args, kwargs), value)
 
     def block_of(self, module: torch.nn.Module) -> BlockState | None:
         for block_module, block in zip(self.block_modules, self.blocks, strict=True):
@@ -119,7 +126,8 @@ class ToMeContext:
         return any(isinstance(getattr(attn, "processor", None), kind) for attn in self.watched)
 
     def reset(self) -> None:
-        """Forget the current generation: token grid, step count, kept merges, block inputs."""
+        """Forget the current generation: token grid, step count, kept merges, block inputs, timesteps."""
+        self.schedule = None
         self.model_state.reset()
         for block in self.blocks:
             block.reset()
@@ -267,7 +275,7 @@ def _install_feed_forward(
     def ff_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         block_state.ff_merge = None
         hidden_states = argument(args, kwargs, 0, "hidden_states")
-        merge = block_state.merge_for(config)
+        merge = block_state.merge_for(config, text=None)  # the attention's merge, whatever its positions
         # Chunked feed-forward (set_chunk_feed_forward) sees slices: leave those alone.
         if merge is None or not isinstance(hidden_states, torch.Tensor) or hidden_states.ndim != 3:
             return None
@@ -287,3 +295,85 @@ def _install_feed_forward(
 
     context.handles.append(ff.register_forward_pre_hook(ff_pre_hook, with_kwargs=True))
     context.handles.append(ff.register_forward_hook(ff_post_hook, with_kwargs=True, always_call=True))
+
+
+def set_timestep_schedule(model: torch.nn.Module, timesteps: torch.Tensor | None) -> None:
+    """Give ToMe on `model` the timesteps of the coming generation, so `ratio_start` reads no timestep.
+
+    With `ratio_start` the merged shape follows the timestep, which ToMe otherwise reads back from the
+    device once per forward. Given the schedule, it copies it to the host once, here, and finds each
+    forward's timestep in it by where that tensor sits (see `HostSchedule`): call the model with the
+    schedule's entries (`for t in scheduler.timesteps`), or views of them. A forward called otherwise
+    reads its timestep as before. Pipelines with ToMe applied (`apply_tome(pipe)`, `enable_tome`) do
+    this themselves. The schedule is dropped at the end of a generation (a reset of ToMe's state) or
+    with `None`.
+
+    Args:
+        model: a model with ToMe applied.
+        timesteps: `scheduler.timesteps` after `scheduler.set_timesteps(...)`, or None.
+
+    Example:
+        >>> scheduler.set_timesteps(30)  # doctest: +SKIP
+        >>> tome_processors.set_timestep_schedule(unet, scheduler.timesteps)  # doctest: +SKIP
+        >>> for t in scheduler.timesteps:  # doctest: +SKIP
+        ...     noise = unet(latents, t, text).sample
+    """
+    context = context_of(model)
+    if context is None:
+        raise ValueError(f"Expected a model with ToMe applied, but got {type(model).__name__} without it.")
+    context.schedule = HostSchedule(timesteps) if timesteps is not None else None
+
+
+#: Marks the `progress_bar` that `watch_schedule` put on a pipeline (and holds what it replaced).
+_WATCHING = "_tome_replaced"
+
+
+def watch_schedule(pipeline: Any, models: Sequence[torch.nn.Module]) -> None:
+    """Give `models` the pipeline's timesteps at the start of every denoising loop (for `ratio_start`).
+
+    Every diffusers pipeline opens its denoising loop with `self.progress_bar(...)`, after
+    `scheduler.set_timesteps` (and img2img's `set_begin_index`): wrapped on the instance, it copies
+    `pipeline.scheduler.timesteps` to the host there, once per generation and outside any forward,
+    for the models with ToMe whose configuration has `ratio_start`. Without such a model nothing is
+    wrapped; watching again replaces an earlier watch.
+    """
+    unwatch_schedule(pipeline)
+    models = list(models)
+    configs = [context.model_state.config for context in map(context_of, models) if context is not None]
+    original = getattr(pipeline, "progress_bar", None)
+    if not callable(original) or not any(config.ratio_start is not None for config in configs):
+        return
+    own = pipeline.__dict__.get("progress_bar")  # an instance attribute there before us, put back after
+
+    @functools.wraps(original)
+    def progress_bar(*args: Any, **kwargs: Any) -> Any:
+        _capture_schedule(pipeline, models)
+        return original(*args, **kwargs)
+
+    setattr(progress_bar, _WATCHING, (own,))
+    object.__setattr__(pipeline, "progress_bar", progress_bar)
+
+
+def unwatch_schedule(pipeline: Any) -> None:
+    """Undo `watch_schedule` (nothing when the pipeline is not watched)."""
+    wrapper = getattr(pipeline, "__dict__", {}).get("progress_bar")
+    watched = getattr(wrapper, _WATCHING, None)
+    if watched is None:
+        return
+    (own,) = watched
+    if own is None:
+        del pipeline.__dict__["progress_bar"]
+    else:
+        pipeline.__dict__["progress_bar"] = own
+
+
+def _capture_schedule(pipeline: Any, models: list[torch.nn.Module]) -> None:
+    contexts = [c for c in map(context_of, models) if c is not None and c.model_state.config.ratio_start is not None]
+    if not contexts:
+        return
+    timesteps = getattr(getattr(pipeline, "scheduler", None), "timesteps", None)
+    schedule = None
+    if isinstance(timesteps, torch.Tensor) and timesteps.ndim == 1:
+        schedule = HostSchedule(timesteps, pipeline)  # one copy for every model of the pipeline
+    for context in contexts:
+        context.schedule = schedule

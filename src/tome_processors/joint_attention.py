@@ -6,7 +6,9 @@ is returned as it is. Two layouts (see `families.Layout`):
 - JOINT: `processor(attn, image, text, mask, rotary, ...)` returning `(image, text, ...)`. The image
   tokens are merged, the image output(s) unmerged, the text output untouched.
 - TEXT_FIRST: `processor(attn, cat(text, image), None, mask, rotary)` returning `cat(text, image)`.
-  The image part is merged behind the text and unmerged after.
+  The merge covers the whole sequence, each text token a row of its own ahead of the image rows
+  (`TokenMerge.text_rows`): the text goes through merge and unmerge unchanged, and nothing is sliced
+  off and put back.
 
 Rotary embeddings (Flux) cover text then image positions. A merged row keeps the rotation of the token
 it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing was merged into it):
@@ -24,7 +26,7 @@ import torch
 
 from .arguments import argument, replace_argument
 from .families import Layout
-from .merge import TokenMerge, positions
+from .merge import TokenMerge
 
 _ROTARY = (2, "image_rotary_emb")  # position after hidden_states, and keyword name
 
@@ -37,30 +39,24 @@ def run_with_text(
     if processor.config.mode != "merge":  # K/V pooling cannot reach inside joint attention
         return inner(attn, hidden_states, *args, **kwargs)
     if slot.layout is Layout.JOINT:
-        merge = processor._merge_for(slot, hidden_states, args, kwargs)
         text = argument(args, kwargs, 0, "encoder_hidden_states")
         text_len = int(text.shape[1]) if isinstance(text, torch.Tensor) else 0
+        merge = processor._merge_for(slot, hidden_states, args, kwargs, text_len)
         if merge is None or not _rotary_fits(args, kwargs, text_len + merge.num_tokens):
             return inner(attn, hidden_states, *args, **kwargs)
-        out = _call(inner, attn, merge.merge(hidden_states), args, kwargs, merge, text_len)
-        return _unmerge_joint(out, merge)
+        return _unmerge_joint(_call(inner, attn, merge.merge(hidden_states), args, kwargs, merge), merge)
 
     metric = slot.block.metric
     text_len = hidden_states.shape[1] - (metric.shape[1] if isinstance(metric, torch.Tensor) else 0)
     if metric is None or metric.ndim != 3 or text_len < 0:
         return inner(attn, hidden_states, *args, **kwargs)
-    text, image = hidden_states[:, :text_len], hidden_states[:, text_len:]
-    merge = processor._merge_for(slot, image, args, kwargs)
+    merge = processor._merge_for(slot, hidden_states, args, kwargs, text_len, text_rows=True)
     if merge is None or not _rotary_fits(args, kwargs, hidden_states.shape[1]):
         return inner(attn, hidden_states, *args, **kwargs)
-    out = _call(inner, attn, torch.cat([text, merge.merge(image)], dim=1), args, kwargs, merge, text_len)
+    out = _call(inner, attn, merge.merge(hidden_states), args, kwargs, merge)
     if isinstance(out, tuple):  # a processor that returns more: the first output holds the tokens
-        return (_unmerge_text_first(out[0], merge, text_len), *out[1:])
-    return _unmerge_text_first(out, merge, text_len)
-
-
-def _unmerge_text_first(out: torch.Tensor, merge: TokenMerge, text_len: int) -> torch.Tensor:
-    return torch.cat([out[:, :text_len], merge.unmerge(out[:, text_len:])], dim=1)
+        return (merge.unmerge(out[0]), *out[1:])
+    return merge.unmerge(out)
 
 
 def _unmerge_joint(out: Any, merge: TokenMerge) -> Any:
@@ -88,33 +84,28 @@ def _rotary_fits(args: tuple, kwargs: dict, num_positions: int) -> bool:
     return all(isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape[0] == num_positions for t in tables)
 
 
-def _merged_rotary(rotary: Any, merge: TokenMerge, text_len: int) -> list[Any]:
-    """Per sample, the rotary tables of the text positions followed by those of each merged row's kept token.
+def _merged_rotary(rotary: Any, merge: TokenMerge) -> list[Any]:
+    """Per sample, the rotary tables at `merge.row_token`: the text positions, then each row's kept token.
 
     Kept on the merge: a merge shared by several blocks (`share_level`) gathers its tables once per forward.
     """
     tables = _rotary_tables(rotary)
-    cached = merge.rotary
-    if cached is not None and cached[0] is tables[0] and cached[1] == text_len:
-        return cached[2]
-    row_token = merge.row_token.to(tables[0].device)
-    text_positions = positions(text_len, row_token.device).expand(row_token.shape[0], text_len)
-    index = torch.cat([text_positions, row_token + text_len], dim=1)
+    kept = merge.rotary
+    if kept and kept[0] is tables[0]:
+        return kept[1]
     per_sample = []
-    for sample_index in index.unbind(0):
-        sample_tables = [t.index_select(0, sample_index) for t in tables]
+    for sample_positions in merge.row_token.to(tables[0].device).unbind(0):
+        sample_tables = [t.index_select(0, sample_positions) for t in tables]
         per_sample.append(type(rotary)(sample_tables) if isinstance(rotary, (tuple, list)) else sample_tables[0])
-    merge.rotary = (tables[0], text_len, per_sample)
+    kept[:] = [tables[0], per_sample]  # the list object is shared with the merge's `with_text_rows`
     return per_sample
 
 
-def _call(
-    inner: Any, attn: torch.nn.Module, merged: torch.Tensor, args: tuple, kwargs: dict, merge: TokenMerge, text_len: int
-) -> Any:
+def _call(inner: Any, attn: torch.nn.Module, merged: torch.Tensor, args: tuple, kwargs: dict, merge: TokenMerge) -> Any:
     rotary = argument(args, kwargs, *_ROTARY)
     if rotary is None:
         return inner(attn, merged, *args, **kwargs)
-    per_sample = _merged_rotary(rotary, merge, text_len)
+    per_sample = _merged_rotary(rotary, merge)
     batch = merge.batch
     if batch == 1:
         args, kwargs = replace_argument(args, kwargs, *_ROTARY, per_sample[0])

@@ -46,19 +46,40 @@ T = TypeVar("T")
 class TokenMerge:
     """A computed merge: which row of the merged tensor each token goes to.
 
+    The tokens are the grid's, or `text_rows` text tokens followed by the grid's (Flux's single-stream
+    blocks, which attend over both at once): each text token is then a row of its own, ahead of the
+    grid's rows, so the text passes through merge and unmerge unchanged and nothing is sliced off.
+
     Attributes:
         token_row: `(B * N,)` long, the flat row (`b * M + m`) that token `n` of sample `b` goes into.
         token_rows: `(B, N)`, the same per sample.
         row_size: `(B * M, 1)` the number of tokens in each merged row, in the metric's dtype.
         batch: B.
-        num_tokens: N.
+        num_tokens: N (`text_rows` plus the grid's tokens).
         num_rows: M.
-        row_token: `(B, M)` long or None, the token each row is kept at: its destination, or the
-            one token of a row that nothing was merged into. Positional encodings of merged rows
-            (rotary embeddings) follow this token.
+        text: text tokens ahead of the grid's in the attention's sequence, for `row_token`.
+        text_rows: text tokens among the merged tokens, each a row of its own (0 or `text`).
+        row_token: `(B, text + M - text_rows)` long or None: for each token of the sequence that the
+            attention sees (the text, then the grid's merged rows), the position its positional
+            encoding is taken at: a text token's own, and for a row the token it is kept at (its
+            destination, or the one token of a row that nothing was merged into), counted after the
+            text. Positional encodings of merged rows (Flux's rotary embeddings) follow it.
+        rotary: the rotary tables of `row_token`, kept by their user (shared with `with_text_rows`).
     """
 
-    __slots__ = ("batch", "num_rows", "num_tokens", "row_size", "row_token", "rotary", "token_row", "token_rows")
+    __slots__ = (
+        "_with_text",
+        "batch",
+        "num_rows",
+        "num_tokens",
+        "rotary",
+        "row_size",
+        "row_token",
+        "text",
+        "text_rows",
+        "token_row",
+        "token_rows",
+    )
 
     def __init__(
         self,
@@ -69,6 +90,8 @@ class TokenMerge:
         num_rows: int,
         row_token: torch.Tensor | None = None,
         token_rows: torch.Tensor | None = None,
+        text: int = 0,
+        text_rows: int = 0,
     ) -> None:
         self.token_row = token_row
         # The same per sample, for `unmerge` (given when the caller has it, to save a view op).
@@ -78,7 +101,10 @@ class TokenMerge:
         self.num_tokens = num_tokens
         self.num_rows = num_rows
         self.row_token = row_token
-        self.rotary: tuple | None = None  # the merged rows' positional tables, kept by their user
+        self.text = text
+        self.text_rows = text_rows
+        self.rotary: list = []
+        self._with_text: TokenMerge | None = None
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         """`(B, N, C)` -> `(B, M, C)`: each row is the mean of the tokens that went into it."""
@@ -98,24 +124,67 @@ class TokenMerge:
         # on the flat index and a reshape back (as fast on CPU).
         return torch.nn.functional.embedding(self.token_rows, y.reshape(B * M, C))
 
+    def with_text_rows(self, text: int) -> TokenMerge:
+        """This merge of the grid's tokens extended to `text` text tokens ahead of them, each a row of its own.
+
+        Made once per merge and kept: a merge shared by many blocks (`share_level`) is extended once per
+        forward, not in every block. `match` makes such a merge directly where none is shared.
+        """
+        if self.text_rows == text:
+            return self
+        if self.text_rows:
+            raise ValueError(f"Expected a merge of grid tokens only, but got one with {self.text_rows} text rows.")
+        extended = self._with_text
+        if extended is not None and extended.text_rows == text:
+            return extended
+        B, N, M = self.batch, self.num_tokens, self.num_rows
+        device = self.token_row.device
+        # Sample b's rows now start at b * (text + M), its text rows first: the grid's move by (b + 1) * text.
+        shift = _constant(("shift", B, text, device), lambda: (torch.arange(B, device=device).view(B, 1) + 1) * text)
+        token_rows = torch.cat([_text_rows(B, text, M, device), self.token_rows + shift], dim=1)
+        ones = _ones(B * text, device, self.row_size.dtype).view(B, text, 1)
+        row_size = torch.cat([ones, self.row_size.view(B, M, 1)], dim=1).view(B * (text + M), 1)
+        row_token = self.row_token
+        if row_token is not None and self.text != text:  # positions counted after another text length
+            grid_rows = row_token[:, self.text :] + (text - self.text)
+            row_token = torch.cat([positions(text, device).expand(B, text), grid_rows], dim=1)
+        extended = TokenMerge(
+            token_rows.view(-1), row_size, B, text + N, text + M, row_token, token_rows, text, text_rows=text
+        )
+        if row_token is self.row_token:
+            extended.rotary = self.rotary  # the same positions: the same rotary tables
+        self._with_text = extended
+        return extended
+
 
 @dataclass(frozen=True, eq=False)
 class Partition:
     """Destinations (one per full `sy x sx` window) and sources of a token grid, for one block.
 
+    Indices into the merged tokens count `text_rows` text tokens ahead of the grid's (see `TokenMerge`);
+    `perm` and `dst_idx` count the grid's tokens alone.
+
     Attributes:
         perm: `(N,)` long, the source tokens then the destination tokens.
-        dst_row: `(N,)` (or expanded to `(B, N)` for a batch) long: every token's window (0 at the
-            edges), which at a destination token is its index among the destinations: the row it heads
-            in a merge, where destinations come first. `match` overwrites the sources' entries.
-        src_idx: `(S,)` the sources (`perm[:S]`), kept apart so a merge slices nothing.
-        dst_idx: `(D,)` the destinations (`perm[S:]`), in window order.
+        dst_row: `(text_rows + N,)` (or expanded to `(B, text_rows + N)` for a batch) long: every
+            token's first guess at its row: a text token's own, and a grid token's window (0 at the
+            edges) after the text rows, which at a destination token is the row it heads in a merge,
+            where destinations come first. `match` overwrites the sources' entries.
+        src_idx: `(S,)` (or `(B, S)`) the sources, as indices into the merged tokens.
+        dst_idx: `(D,)` the destinations, in window order.
+        text: text tokens ahead of the grid's in the attention's sequence (for `TokenMerge.row_token`).
+        text_rows: text tokens among the merged tokens (0 or `text`).
+        lead: `(B, text + D)` or None: the positions that open every `row_token`: the text's, then the
+            destinations' (counted after the text); made with the partition so a merge does not.
     """
 
     perm: torch.Tensor
     dst_row: torch.Tensor
     src_idx: torch.Tensor
     dst_idx: torch.Tensor
+    text: int = 0
+    text_rows: int = 0
+    lead: torch.Tensor | None = None
 
     @property
     def num_src(self) -> int:
@@ -125,14 +194,22 @@ class Partition:
     def num_dst(self) -> int:
         return self.dst_idx.shape[-1]
 
+    def leading_positions(self, batch: int) -> torch.Tensor:
+        """`(batch, text + D)`: the text's positions, then the destinations' (see `lead`)."""
+        if self.lead is not None:
+            return self.lead
+        dst = self.dst_idx.expand(batch, self.num_dst)
+        if not self.text:
+            return dst
+        return torch.cat([positions(self.text, dst.device).expand(batch, self.text), dst + self.text], dim=1)
+
     def unbind(self) -> list[Partition]:
         """One partition per block of a stack of partitions (a leading block axis)."""
-        return [
-            Partition(*fields)
-            for fields in zip(
-                self.perm.unbind(0), self.dst_row.unbind(0), self.src_idx.unbind(0), self.dst_idx.unbind(0), strict=True
-            )
-        ]
+        tensors = [self.perm, self.dst_row, self.src_idx, self.dst_idx]
+        if self.lead is not None:
+            tensors.append(self.lead)
+        per_block = zip(*(t.unbind(0) for t in tensors), strict=True)
+        return [Partition(*fields[:4], self.text, self.text_rows, *fields[4:]) for fields in per_block]
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,9 +271,17 @@ class GridLayout:
     def windows(self) -> int:
         return self.origins.shape[1]
 
-    def dst_row(self, batch: int) -> torch.Tensor:
-        """`window_of_token` expanded to `(batch, N)`, made once per batch size."""
-        return cached(self._batched, (batch,), lambda: self.window_of_token.expand(batch, -1))
+    def dst_row(self, batch: int, text_rows: int = 0) -> torch.Tensor:
+        """`(batch, text_rows + N)`: the text rows, then `window_of_token` after them; made once per batch size."""
+
+        def make() -> torch.Tensor:
+            if not text_rows:
+                return self.window_of_token.expand(batch, -1)
+            device = self.window_of_token.device
+            rows = torch.cat([torch.arange(text_rows, device=device), self.window_of_token + text_rows])
+            return rows.expand(batch, -1)
+
+        return cached(self._batched, (batch, text_rows), make)
 
     def partitions(self, choice: torch.Tensor, batch: int | None = None) -> Partition:
         """A stack of partitions, one per row of `choice` `(K, W)` (each window's destination place).
@@ -220,6 +305,28 @@ class GridLayout:
         """Every window's top-left token as its destination (tomesd's `no_rand`)."""
         choice = torch.zeros(1, self.windows, dtype=torch.long, device=self.origins.device)
         return self.partitions(choice, batch).unbind()[0]
+
+    def with_text(
+        self, partition: Partition, batch: int, text: int, text_rows: int = 0, lead: bool = False
+    ) -> Partition:
+        """`partition` (one, or a stack from `partitions(choice, batch)`) for a sequence that opens with `text` tokens.
+
+        `text_rows` of them (0 or `text`) are merged along, each a row of its own; with `lead`, the
+        positions that open every `TokenMerge.row_token` are made here, once for the whole stack.
+        """
+        blocks = partition.dst_idx.shape[:-1]  # () for one partition, (K,) for a stack
+        src_idx, dst_row = partition.src_idx, partition.dst_row
+        if text_rows:
+            src_idx = src_idx + text_rows
+            dst_row = self.dst_row(batch, text_rows).expand(*blocks, batch, -1)
+        leading = None
+        if lead:
+            device = partition.dst_idx.device
+            dst = (partition.dst_idx + text if text else partition.dst_idx).unsqueeze(-2)
+            dst = dst.expand(*blocks, batch, partition.num_dst)
+            text_positions = positions(text, device).expand(*blocks, batch, text)
+            leading = torch.cat([text_positions, dst], dim=-1) if text else dst
+        return Partition(partition.perm, dst_row, src_idx, partition.dst_idx, text, text_rows, leading)
 
 
 def grid_partition(
@@ -306,12 +413,13 @@ def match(
     """Merge the `r` sources most similar to a destination into it (the matching of ToMe for SD).
 
     Each source's best destination is found by cosine similarity of `metric`, and the `r` sources with
-    the highest best similarity are merged into it by mean. Rows of the merged tensor: the destinations,
-    then the unmerged sources from most to least similar.
+    the highest best similarity are merged into it by mean. Rows of the merged tensor: the partition's
+    text rows (if any), the destinations, then the unmerged sources from most to least similar.
 
     Args:
-        metric: `(B, N, C)`, the tokens to compare.
-        partition: the grid's destinations and sources (`GridLayout.fixed`, `GridLayout.partitions`).
+        metric: `(B, N, C)`, the grid's tokens to compare.
+        partition: the grid's destinations and sources (`GridLayout.fixed`, `GridLayout.partitions`,
+            `GridLayout.with_text`).
         r: how many tokens to remove, at most the number of sources.
         similarity_dtype: choose each source's destination on scores in this dtype; see `best_match`.
         with_row_token: also record `TokenMerge.row_token` (for positional encodings that follow
@@ -319,29 +427,35 @@ def match(
     """
     B, N, _ = metric.shape
     S, D = partition.num_src, partition.num_dst
-    M = N - r
+    text, text_rows = partition.text, partition.text_rows
+    M = text_rows + N - r
     with torch.no_grad():
         x = metric[:, partition.perm]
         x = x / x.norm(dim=-1, keepdim=True)  # as tomesd: a zero token only changes which pair is chosen
         src, dst = x.split((S, D), dim=1)
         best_score, best_dst = best_match(src, dst, similarity_dtype)
-        order = best_score.argsort(dim=-1, descending=True)
-        rank = order.argsort(dim=-1)
-        # The r best sources go to their destination's row; the others follow the destinations in rank order.
-        src_row = torch.where(rank < r, best_dst, rank + (D - r))
+        order = best_score.argsort(dim=-1, descending=True)  # the sources from most to least similar
         dst_row, src_idx = partition.dst_row, partition.src_idx
         if dst_row.ndim == 1:  # a partition made without `batch`
-            dst_row, src_idx = dst_row.expand(B, N), src_idx.expand(B, S)
-        token_row = dst_row.scatter(1, src_idx, src_row)
+            dst_row, src_idx = dst_row.expand(B, -1), src_idx.expand(B, S)
+        ranked_src = src_idx.gather(1, order)
+        # In rank order, the r best go to their destination's row and the others follow the destinations:
+        # row = base + merged * best destination, two constants per rank (one op where a second sort took four).
+        merged, base = _rank_rows(S, D, r, text_rows, metric.device)
+        ranked_row = torch.addcmul(base, merged, best_dst.gather(1, order))
+        token_row = dst_row.scatter(1, ranked_src, ranked_row)
         if B > 1:  # rows of sample b start at b * M
             token_row = token_row + _batch_offsets(B, M, metric.device)
         flat_row = token_row.view(-1)
-        row_size = metric.new_zeros(B * M, 1).index_add_(0, flat_row, _ones(B * N, metric.device, metric.dtype))
+        ones = _ones(B * (text_rows + N), metric.device, metric.dtype)
+        row_size = metric.new_zeros(B * M, 1).index_add_(0, flat_row, ones)
         row_token = None
         if with_row_token:
-            kept_src = src_idx.gather(1, order[:, r:])
-            row_token = torch.cat([partition.dst_idx.expand(B, D), kept_src], dim=1)
-    return TokenMerge(flat_row, row_size, B, N, M, row_token, token_rows=token_row)
+            kept_src = ranked_src[:, r:]
+            if text != text_rows:  # positions count all the text, merged tokens only the text merged along
+                kept_src = kept_src + (text - text_rows)
+            row_token = torch.cat([partition.leading_positions(B), kept_src], dim=1)
+    return TokenMerge(flat_row, row_size, B, text_rows + N, M, row_token, token_row, text, text_rows)
 
 
 def cached(cache: dict, key: tuple, make: Callable[[], T], limit: int = 16) -> T:
@@ -359,7 +473,7 @@ def cached(cache: dict, key: tuple, make: Callable[[], T], limit: int = 16) -> T
 
 
 #: Small constant tensors (row offsets, ones, positions) shared by every merge of the process.
-_CONSTANTS: dict[tuple, torch.Tensor] = {}
+_CONSTANTS: dict[tuple, object] = {}
 
 
 def _constant(key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -372,6 +486,29 @@ def _batch_offsets(batch: int, rows: int, device: torch.device) -> torch.Tensor:
 
 def _ones(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return _constant(("ones", n, device, dtype), lambda: torch.ones(n, 1, device=device, dtype=dtype))
+
+
+def _rank_rows(
+    sources: int, dsts: int, r: int, text_rows: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per rank: 1 where the source is merged (the r best), and the row it goes to less its destination's."""
+
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        rank = torch.arange(sources, device=device)
+        merged = rank < r
+        # Merged: text_rows + destination; kept: after the text and destination rows, in rank order.
+        base = torch.where(merged, text_rows, rank + (text_rows + dsts - r))
+        return merged.long(), base
+
+    return cached(_CONSTANTS, ("ranks", sources, dsts, r, text_rows, device), make, limit=256)
+
+
+def _text_rows(batch: int, text: int, rows: int, device: torch.device) -> torch.Tensor:
+    """`(batch, text)`: the flat row of each text token of each sample, `b * (text + rows) + t`."""
+    return _constant(
+        ("text rows", batch, text, rows, device),
+        lambda: torch.arange(batch, device=device).view(batch, 1) * (text + rows) + torch.arange(text, device=device),
+    )
 
 
 def positions(n: int, device: torch.device) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch
 
 from .apply import apply_tome, denoiser_of, remove_tome, resolve_config, unwrap_processors
 from .config import Preset, ToMeConfig
-from .hooks import attention_modules, context_of
+from .hooks import attention_modules, context_of, unwatch_schedule, watch_schedule
 from .processor import ToMeProcessor
 
 logger = logging.getLogger(__name__)
@@ -259,6 +259,7 @@ def enable_tome(
         object.__setattr__(pipe, _END_OF_CALL, _resetting(state, original))
         state.methods.append(_END_OF_CALL)
     object.__setattr__(pipe, PIPELINE_ATTR, state)
+    watch_schedule(pipe, models)  # `ratio_start`: the timesteps to the host once per generation
     logger.debug("ToMe enabled on %s: %s", type(pipe).__name__, config)
     return pipe
 
@@ -315,6 +316,7 @@ def disable_tome(pipe: Any) -> Any:
         return pipe
     for name in state.methods:
         pipe.__dict__.pop(name, None)
+    unwatch_schedule(pipe)
     for model in state.models:
         _forget_model(model)
     del pipe.__dict__[PIPELINE_ATTR]

@@ -14,7 +14,7 @@ from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
 from .families import Layout
 from .joint_attention import run_with_text
-from .merge import pool_tokens
+from .merge import TokenMerge, pool_tokens
 
 
 class _SignedCall:
@@ -131,14 +131,24 @@ class ToMeProcessor(torch.nn.Module):
         out = self.inner(attn, merge.merge(hidden_states), *args, **kwargs)
         return merge.unmerge(out)
 
-    def _merge_for(self, slot: AttentionSlot, hidden_states: torch.Tensor, args: tuple, kwargs: dict):
+    def _merge_for(
+        self,
+        slot: AttentionSlot,
+        hidden_states: torch.Tensor,
+        args: tuple,
+        kwargs: dict,
+        text: int = 0,
+        text_rows: bool = False,
+    ) -> TokenMerge | None:
+        """The block's merge for `hidden_states` (see `BlockState.merge_for` for `text`), or None."""
         config = self.config
         if not (config.merge_crossattn if slot.is_cross else config.merge_attn):
             return None
         mask = argument(args, kwargs, 1, "attention_mask")
         if mask is not None and (not slot.is_cross or mask.shape[-2] != 1):
             return None  # a mask over the merged tokens would no longer line up
-        merge = slot.block.merge_for(config)
+        block = slot.block
+        merge = block.merge_for(config, text, text_rows) if text or text_rows else block.merge_for(config)
         if merge is None or (merge.batch, merge.num_tokens) != tuple(hidden_states.shape[:2]):
             return None
         return merge
