@@ -188,7 +188,8 @@ def test_dit_ships_small_loads_offline_and_is_what_the_script_builds(monkeypatch
     try:
         built = train_dit.build_dit()
     finally:
-        sys.modules.pop("train_dit", None), sys.modules.pop("train_denoiser", None)
+        for name in ("train_dit", "train_denoiser"):
+            sys.modules.pop(name, None)
 
     def public(config):
         return {k: v for k, v in config.items() if not k.startswith("_")}
@@ -235,6 +236,7 @@ def test_dit_probe_takes_share_level_and_downsample_kv(config, no_self_attention
     row = dit_row(config)
     assert all(math.isfinite(v) for v in row.values())
     assert 0.0 < row["eps_rel_change"] < no_self_attention_row["eps_rel_change"]
+    assert row["psnr_drop"] < no_self_attention_row["psnr_drop"]
     assert row["eps_rel_change"] != dit_row(ToMeConfig(ratio=0.5))["eps_rel_change"]  # another method
 
 
