@@ -20,8 +20,11 @@ import math
 import platform
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import diffusers
 import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 
@@ -74,38 +77,48 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-def train(args: argparse.Namespace) -> dict:
-    """Run the training and return what is recorded in `training.json`."""
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    unet = build_unet().train()
+Predict = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor]
+"""`predict(model, noisy, timesteps, batch)`: the model's noise prediction for a training batch."""
+
+
+def fit(model: torch.nn.Module, predict: Predict, args: argparse.Namespace) -> tuple[list[float], float]:
+    """The training loop shared by every shipped denoiser: returns the per-step losses and the wall time.
+
+    Small-crop steps use `args.crop` x `args.crop` crops in batches of `args.batch`; every `args.big_every`-th
+    step uses `args.big` x `args.big` crops in batches of `args.big_batch`. The crops, noise and timesteps come
+    from a generator seeded with `args.seed + 1` (the model is initialised from `args.seed` before).
+    """
+    model.train()
     scheduler = build_scheduler()
     photos = [load_photo(name) for name in TRAIN_IMAGES]
     generator = torch.Generator().manual_seed(args.seed + 1)
-    optimizer = torch.optim.AdamW(unet.parameters(), lr=args.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     losses: list[float] = []
     start = time.perf_counter()
     for step in range(args.steps):
         big = args.big_every > 0 and step % args.big_every == args.big_every - 1
-        size, batch = (64, args.big_batch) if big else (args.crop, args.batch)
+        size, batch = (args.big, args.big_batch) if big else (args.crop, args.batch)
         x0 = random_crops(photos, batch, size, generator)
         noise = torch.randn(x0.shape, generator=generator)
         timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (batch,), generator=generator)
         noisy = scheduler.add_noise(x0, noise, timesteps)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args.steps, args.lr, args.warmup)
-        pred = unet(noisy, timesteps, encoder_hidden_states=context_embedding(batch, CROSS_DIM)).sample
-        loss = torch.nn.functional.mse_loss(pred, noise)
+        loss = torch.nn.functional.mse_loss(predict(model, noisy, timesteps, batch), noise)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(unet.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             recent = sum(losses[-args.log_every :]) / len(losses[-args.log_every :])
             elapsed = time.perf_counter() - start
             print(f"step {step + 1}/{args.steps}  loss {recent:.4f}  {elapsed:.0f}s", flush=True)
-    wall = time.perf_counter() - start
+    return losses, time.perf_counter() - start
+
+
+def save(model: torch.nn.Module, args: argparse.Namespace, losses: list[float], wall: float) -> dict:
+    """Write the model, the scheduler and `training.json` to `args.out`; return the recorded run."""
     final = losses[-50:]
     record = {
         "command": "python " + " ".join(sys.argv),
@@ -114,6 +127,7 @@ def train(args: argparse.Namespace) -> dict:
         "batch": args.batch,
         "crop": args.crop,
         "big_every": args.big_every,
+        "big": args.big,
         "big_batch": args.big_batch,
         "lr": args.lr,
         "threads": args.threads,
@@ -122,31 +136,53 @@ def train(args: argparse.Namespace) -> dict:
         "wall_time_s": round(wall, 1),
         "final_loss_mean_last_50_steps": round(sum(final) / len(final), 5),
         "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
         "python": platform.python_version(),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    unet.eval().to(torch.float16 if args.fp16 else torch.float32).save_pretrained(out, safe_serialization=True)
-    scheduler.save_pretrained(out)
+    # half() / float() rather than to(dtype): diffusers' ModelMixin.to warns on every dtype cast.
+    (model.eval().half() if args.fp16 else model.eval().float()).save_pretrained(out, safe_serialization=True)
+    build_scheduler().save_pretrained(out)
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
-def main() -> None:
-    """Parse the arguments, train, and print the time and final loss."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def _predict_unet(unet: torch.nn.Module, noisy: torch.Tensor, timesteps: torch.Tensor, batch: int) -> torch.Tensor:
+    return unet(noisy, timesteps, encoder_hidden_states=context_embedding(batch, CROSS_DIM)).sample
+
+
+def train(args: argparse.Namespace) -> dict:
+    """Run the training and return what is recorded in `training.json`."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    unet = build_unet()
+    losses, wall = fit(unet, _predict_unet, args)
+    return save(unet, args, losses, wall)
+
+
+def add_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
+    """The training options, with `defaults` overriding the UNet's (e.g. `steps=900`)."""
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=700)
     parser.add_argument("--batch", type=int, default=16, help="batch of the small-crop steps")
     parser.add_argument("--crop", type=int, default=32, help="side of the small crops")
-    parser.add_argument("--big-every", type=int, default=10, help="every n-th step uses 64x64 crops (0: never)")
-    parser.add_argument("--big-batch", type=int, default=4, help="batch of the 64x64 steps")
+    parser.add_argument("--big-every", type=int, default=10, help="every n-th step uses --big crops (0: never)")
+    parser.add_argument("--big", type=int, default=64, help="side of the big crops (the measured size)")
+    parser.add_argument("--big-batch", type=int, default=4, help="batch of the big-crop steps")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--log-every", type=int, default=50)
     parser.add_argument("--fp16", action=argparse.BooleanOptionalAction, default=True, help="store weights in fp16")
     parser.add_argument("--out", default="src/tome_processors/data/denoiser")
+    parser.set_defaults(**defaults)
+
+
+def main() -> None:
+    """Parse the arguments, train, and print the time and final loss."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(parser)
     record = train(parser.parse_args())
     print(
         f"wall time {record['wall_time_s']:.0f} s, final loss (mean of last 50 steps) "

@@ -34,7 +34,7 @@ from tome_processors.bench.methods import (
     tomesd_methods,
 )
 from tome_processors.bench.models import build_model
-from tome_processors.bench.quality import TRAINED_EPS_CHANGE, TRAINED_PSNR_DROP
+from tome_processors.bench.quality import DIT_EPS_CHANGE, DIT_PSNR_DROP, TRAINED_EPS_CHANGE, TRAINED_PSNR_DROP
 from tome_processors.bench.report import format_number, json_safe, markdown_table, save_json
 from tome_processors.bench.unet import build_unet, make_inputs
 from tome_processors.cli import bench_command
@@ -143,6 +143,21 @@ def test_trained_quality_columns_and_plot(tmp_path):
     assert rows["baseline"] == {TRAINED_EPS_CHANGE: 0.0, TRAINED_PSNR_DROP: 0.0}
     for name in ("ours r=0.5", "ours kv-avg"):
         assert 0 < rows[name][TRAINED_EPS_CHANGE] < 100 and math.isfinite(rows[name][TRAINED_PSNR_DROP])
+    with Image.open(plot) as image:
+        assert image.format == "PNG"
+
+
+def test_transformer_rows_get_the_trained_dit_columns(tmp_path):
+    path, plot = tmp_path / "d.json", tmp_path / "d.png"
+    fast = [arg for arg in FAST if arg != "--no-trained-quality"]
+    argv = ["bench", *fast, "--arch", "sd3", "--ratios", "0.5", "--modes", "share", "--no-memory", "--no-host-cost"]
+    assert main([*argv, "--json", str(path), "--plot", str(plot), "--plot-error", "trained"]) == 0
+    rows = {r["name"]: r["extra"] for r in json.loads(path.read_text())["rows"]}
+    assert sorted(rows) == ["baseline", "ours r=0.5", "ours share-level r=0.5"]
+    assert rows["baseline"] == {DIT_EPS_CHANGE: 0.0, DIT_PSNR_DROP: 0.0}  # not the UNet's columns
+    for name in ("ours r=0.5", "ours share-level r=0.5"):
+        assert 0 < rows[name][DIT_EPS_CHANGE] < 100 and math.isfinite(rows[name][DIT_PSNR_DROP])
+    assert rows["ours r=0.5"][DIT_EPS_CHANGE] != rows["ours share-level r=0.5"][DIT_EPS_CHANGE]
     with Image.open(plot) as image:
         assert image.format == "PNG"
 

@@ -1,16 +1,17 @@
-"""Quality of a merging method on a small denoiser trained here, measured offline on held-out photos.
+"""Quality of a merging method on small denoisers trained here, measured offline on held-out photos.
 
-Random-weight UNets have no natural token redundancy, so how much a method changes their output says
-little about how much it would change a trained model's. This module ships a small pixel-space DDPM
-denoiser with the Stable Diffusion UNet structure (trained by `scripts/train_denoiser.py` on photos
-bundled with scikit-image) and measures, on crops of photos it never saw:
+Random-weight models have no natural token redundancy, so how much a method changes their output says
+little about how much it would change a trained model's. This module ships two small pixel-space DDPM
+denoisers trained on photos bundled with scikit-image: `"unet"`, with the Stable Diffusion UNet structure
+(`scripts/train_denoiser.py`), and `"dit"`, a PixArt-shaped diffusion transformer (`scripts/train_dit.py`).
+On crops of photos neither saw, it measures:
 
 - the PSNR of its x0 prediction at a few noise levels, with and without a method applied, and
 - the relative change of its noise prediction against the unmerged model,
   `||eps_method - eps_base|| / ||eps_base||`.
 
 `report()` is `tome-processors quality`; `trained_quality_metrics()` gives the bench its two trained-model
-columns, measured with the very same probe.
+columns and `probe_quality()` measures one configuration, both with the very same probe.
 
 Example:
     >>> from tome_processors import apply_tome, remove_tome
@@ -23,16 +24,20 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from diffusers import DDPMScheduler, UNet2DConditionModel
+from diffusers import DDPMScheduler, PixArtTransformer2DModel, UNet2DConditionModel
 
 from ..apply import apply_tome, remove_tome
+from ..config import ToMeConfig
+from ..families import FAMILIES, Family
 from .engine import Method
 
 # The split is by whole photo: no crop of a held-out photo is ever seen in training.
@@ -64,9 +69,71 @@ CONTEXT_SEED = 1234
 DEFAULT_TIMESTEPS: tuple[int, ...] = (100, 300, 500, 700)
 
 
-def denoiser_path() -> Path:
-    """The folder of the shipped denoiser (`config.json`, `diffusion_pytorch_model.safetensors`)."""
-    return Path(str(resources.files("tome_processors") / "data" / "denoiser"))
+@dataclass(frozen=True)
+class Denoiser:
+    """A shipped trained denoiser: its folder under `tome_processors/data/`, model class and report label."""
+
+    folder: str
+    model_class: type
+    label: str
+
+
+#: The shipped denoisers by name; `probe_quality(denoiser=...)` and `--denoiser` take these names.
+DENOISERS: dict[str, Denoiser] = {
+    "unet": Denoiser("denoiser", UNet2DConditionModel, "trained UNet denoiser"),
+    "dit": Denoiser("dit_denoiser", PixArtTransformer2DModel, "trained PixArt-shaped DiT"),
+}
+
+
+def _denoiser(name: str) -> Denoiser:
+    if name not in DENOISERS:
+        raise ValueError(f"Expected denoiser among {sorted(DENOISERS)}, but got {name!r}.")
+    return DENOISERS[name]
+
+
+def denoiser_path(denoiser: str = "unet") -> Path:
+    """The folder of a shipped denoiser (`config.json`, `diffusion_pytorch_model.safetensors`, ...).
+
+    Example:
+        >>> denoiser_path("dit").name
+        'dit_denoiser'
+    """
+    return Path(str(resources.files("tome_processors") / "data" / _denoiser(denoiser).folder))
+
+
+def load_denoiser(denoiser: str = "unet") -> tuple[torch.nn.Module, DDPMScheduler]:
+    """A shipped denoiser in float32 and eval mode, with the noise schedule it was trained with (offline).
+
+    Example:
+        >>> model, scheduler = load_denoiser("dit")
+        >>> type(model).__name__, scheduler.config.num_train_timesteps
+        ('PixArtTransformer2DModel', 1000)
+    """
+    folder = denoiser_path(denoiser)
+    model = _denoiser(denoiser).model_class.from_pretrained(folder, torch_dtype=torch.float32)
+    return model.eval(), DDPMScheduler.from_pretrained(folder)
+
+
+def context_dim(model: torch.nn.Module) -> int:
+    """The width of the fixed context a shipped denoiser takes: its cross-attention (UNet) or caption width (DiT)."""
+    if isinstance(model, PixArtTransformer2DModel):
+        return int(model.config.caption_channels)
+    return int(model.config.cross_attention_dim)
+
+
+def predict_noise(model: torch.nn.Module, sample: torch.Tensor, timestep: int, context: torch.Tensor) -> torch.Tensor:
+    """One forward of a denoiser at one timestep for the whole batch, called as its pipelines call it.
+
+    Example:
+        >>> model, _ = load_denoiser("dit")
+        >>> x = torch.zeros(1, 3, 32, 32)
+        >>> predict_noise(model, x, 500, context_embedding(1, context_dim(model))).shape
+        torch.Size([1, 3, 32, 32])
+    """
+    if isinstance(model, PixArtTransformer2DModel):  # its timestep embedding wants one value per sample
+        timesteps = torch.full((sample.shape[0],), timestep, device=sample.device)
+        return model(sample, encoder_hidden_states=context, timestep=timesteps).sample
+    return model(sample, torch.tensor(timestep), encoder_hidden_states=context).sample
 
 
 def load_photo(name: str, short_side: int = SHORT_SIDE) -> torch.Tensor:
@@ -166,11 +233,12 @@ class QualityProbe:
     """A denoiser, fixed held-out crops, fixed noise and noise levels: measures a method's effect.
 
     Every `measure` call runs the same inputs: the crops noised with the same noise at each timestep
-    in `timesteps` (one UNet forward per timestep, the crops as one batch, as in sampling). The
+    in `timesteps` (one forward per timestep, the crops as one batch, as in sampling). The
     unmerged model's noise prediction is computed once and kept as the reference.
 
     Args:
-        unet: a `UNet2DConditionModel` predicting epsilon on [-1, 1] images (3 channels).
+        model: a `UNet2DConditionModel` or `PixArtTransformer2DModel` predicting epsilon on [-1, 1]
+            images (3 channels).
         alphas_cumprod: the noise schedule's cumulative alphas, indexed by timestep.
         crops: clean images [N, 3, H, W] in [-1, 1].
         timesteps: the noise levels to measure at.
@@ -185,13 +253,13 @@ class QualityProbe:
 
     def __init__(
         self,
-        unet: torch.nn.Module,
+        model: torch.nn.Module,
         alphas_cumprod: torch.Tensor,
         crops: torch.Tensor,
         timesteps: Sequence[int] = DEFAULT_TIMESTEPS,
         seed: int = 0,
     ) -> None:
-        self.unet = unet.eval()
+        self.model = model.eval()
         self.crops = crops.float()
         self.timesteps = tuple(int(t) for t in timesteps)
         generator = torch.Generator().manual_seed(seed)
@@ -199,8 +267,7 @@ class QualityProbe:
         self.alphas = torch.stack([alphas_cumprod[t].float() for t in self.timesteps])
         a = self.alphas.view(-1, 1, 1, 1, 1)
         self.noisy = a.sqrt() * self.crops.unsqueeze(0) + (1.0 - a).sqrt() * self.noise
-        dim = int(unet.config.cross_attention_dim)
-        self.context = context_embedding(crops.shape[0], dim)
+        self.context = context_embedding(crops.shape[0], context_dim(model))
         self._base: torch.Tensor | None = None
 
     @classmethod
@@ -211,35 +278,33 @@ class QualityProbe:
         size: int = 64,
         seed: int = 0,
         random_weights: bool = False,
+        denoiser: str = "unet",
     ) -> QualityProbe:
-        """The shipped denoiser (loaded offline) on `per_image` 64x64 crops of each held-out photo.
+        """A shipped denoiser (`"unet"` or `"dit"`, loaded offline) on `per_image` crops of each held-out photo.
 
         With `random_weights=True` the same architecture is freshly initialised from `seed` instead:
         the random-weight reference, whose PSNR means nothing but whose noise-prediction change can
         be set against the trained model's.
 
         Example:
-            >>> probe = QualityProbe.default(timesteps=(100, 500))
+            >>> probe = QualityProbe.default(timesteps=(100, 500), denoiser="dit")
             >>> probe.crops.shape
             torch.Size([6, 3, 64, 64])
         """
-        folder = denoiser_path()
-        unet = UNet2DConditionModel.from_pretrained(folder, torch_dtype=torch.float32)
+        model, scheduler = load_denoiser(denoiser)
         if random_weights:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                unet = UNet2DConditionModel.from_config(unet.config)
-        scheduler = DDPMScheduler.from_pretrained(folder)
-        return cls(unet, scheduler.alphas_cumprod, heldout_crops(size, per_image, seed), timesteps, seed)
+                model = type(model).from_config(model.config)
+        return cls(model, scheduler.alphas_cumprod, heldout_crops(size, per_image, seed), timesteps, seed)
 
     def predict_eps(self) -> torch.Tensor:
-        """The UNet's noise prediction at every timestep: [len(timesteps), N, 3, H, W]."""
-        outputs = []
+        """The model's noise prediction at every timestep: [len(timesteps), N, 3, H, W]."""
         with torch.no_grad():
-            for index, timestep in enumerate(self.timesteps):
-                sample = self.noisy[index]
-                out = self.unet(sample, torch.tensor(timestep), encoder_hidden_states=self.context).sample
-                outputs.append(out.float())
+            outputs = [
+                predict_noise(self.model, self.noisy[index], timestep, self.context).float()
+                for index, timestep in enumerate(self.timesteps)
+            ]
         return torch.stack(outputs)
 
     def x0_from_eps(self, eps: torch.Tensor) -> torch.Tensor:
@@ -273,12 +338,12 @@ class QualityProbe:
         if apply is None:
             eps = base
         else:
-            apply(self.unet)
+            apply(self.model)
             try:
                 eps = self.predict_eps()
             finally:
                 if remove is not None:
-                    remove(self.unet)
+                    remove(self.model)
         x0, x0_base = self.x0_from_eps(eps), self.x0_from_eps(base)
         row: dict[str, float] = {}
         psnrs, base_psnrs = [], []
@@ -341,39 +406,66 @@ class _NoAttention:
         return torch.zeros_like(hidden_states)
 
 
-def _without_top_self_attention() -> tuple[Callable[[torch.nn.Module], object], Callable[[torch.nn.Module], object]]:
-    """A reference, not a method: the top level's self-attention removed (first down and last up block)."""
+Apply = Callable[[torch.nn.Module], object]
+
+
+def _without_self_attention(prefixes: Callable[[torch.nn.Module], tuple[str, ...]]) -> tuple[Apply, Apply]:
+    """A reference, not a method: the self-attention of the modules named with `prefixes(model)` removed."""
     saved: dict[str, object] = {}
 
-    def apply(unet: torch.nn.Module) -> None:
-        saved.update(unet.attn_processors)
-        top = ("down_blocks.0.", f"up_blocks.{len(unet.up_blocks) - 1}.")
-        for name, module in unet.named_modules():
-            if name.endswith(".attn1") and name.startswith(top):
+    def apply(model: torch.nn.Module) -> None:
+        saved.update(model.attn_processors)
+        for name, module in model.named_modules():
+            if name.endswith(".attn1") and name.startswith(prefixes(model)):
                 module.set_processor(_NoAttention())
 
-    def remove(unet: torch.nn.Module) -> None:
-        unet.set_attn_processor(dict(saved))
+    def remove(model: torch.nn.Module) -> None:
+        model.set_attn_processor(dict(saved))
         saved.clear()
 
     return apply, remove
 
 
-def reference_methods() -> dict[str, tuple[Callable[[torch.nn.Module], object], Callable[[torch.nn.Module], object]]]:
-    """Named (apply, remove) pairs measured by `tome-processors quality`.
+def _unet_top_level(unet: torch.nn.Module) -> tuple[str, ...]:
+    return ("down_blocks.0.", f"up_blocks.{len(unet.up_blocks) - 1}.")
 
-    tomesd is included when it is installed (it is a test dependency). The last entry is a reference,
-    not a method: the top level's self-attention switched off, to show how much the model relies on
-    the attention that merging approximates.
+
+def _every_block(model: torch.nn.Module) -> tuple[str, ...]:
+    return ("transformer_blocks.",)
+
+
+def reference_methods(denoiser: str = "unet") -> dict[str, tuple[Apply, Apply]]:
+    """Named (apply, remove) pairs measured by `tome-processors quality` on one shipped denoiser.
+
+    On the UNet, tomesd is included when it is installed (it is a test dependency); on the DiT, the
+    PixArt family's default configuration (`apply_tome(model)` without options) is. The last entry is a
+    reference, not a method: self-attention switched off (the UNet's top level; every DiT block), to show
+    how much the model relies on the attention that merging approximates.
 
     Example:
-        >>> "tome r=0.5" in reference_methods()
+        >>> "tome r=0.5" in reference_methods("dit")
         True
     """
 
-    def tome(**options: object) -> tuple[Callable[[torch.nn.Module], object], Callable[[torch.nn.Module], object]]:
-        return (lambda unet: apply_tome(unet, **options)), remove_tome
+    def tome(**options: object) -> tuple[Apply, Apply]:
+        return (lambda model: apply_tome(model, **options)), remove_tome
 
+    _denoiser(denoiser)
+    if denoiser == "dit":
+        default = FAMILIES["pixart"]().default_config().ratio
+        return {
+            "tome r=0.3": tome(ratio=0.3),
+            f"tome PixArt default (r={default:g})": tome(),
+            "tome r=0.5": tome(ratio=0.5),
+            "tome r=0.7": tome(ratio=0.7),
+            "tome r=0.75": tome(ratio=0.75),
+            "tome r=0.5 use_rand=False": tome(ratio=0.5, use_rand=False),
+            "tome r=0.5 share_level": tome(ratio=0.5, share_level=True),
+            "tome r=0.5 merge_mlp": tome(ratio=0.5, merge_mlp=True),
+            "downsample_kv avg": tome(mode="downsample_kv"),
+            "downsample_kv nearest": tome(mode="downsample_kv", kv_pool="nearest"),
+            "reference: no self-attention in any block": _without_self_attention(_every_block),
+        }
     methods = {
         "tome r=0.3": tome(ratio=0.3),
         "tome r=0.5": tome(ratio=0.5),
@@ -388,7 +480,7 @@ def reference_methods() -> dict[str, tuple[Callable[[torch.nn.Module], object], 
         methods["tomesd r=0.5"] = _tomesd(0.5)
     except ImportError:
         pass
-    methods["reference: no top-level self-attention"] = _without_top_self_attention()
+    methods["reference: no top-level self-attention"] = _without_self_attention(_unet_top_level)
     return methods
 
 
@@ -400,19 +492,25 @@ def _ranks(values: list[float]) -> list[int]:
     return ranks
 
 
-def report(per_image: int = 2, seed: int = 0, timesteps: Sequence[int] = DEFAULT_TIMESTEPS) -> str:
-    """A markdown report: the model against trivial predictors, and every reference method measured
-    on the trained denoiser and on the same architecture with random weights.
+def report(
+    per_image: int = 2, seed: int = 0, timesteps: Sequence[int] = DEFAULT_TIMESTEPS, denoiser: str = "unet"
+) -> str:
+    """A markdown report on one shipped denoiser (`"unet"` or `"dit"`): the model against trivial predictors,
+    and every reference method measured on the trained model and on the same architecture with random weights.
 
     Example:
-        >>> print(report())  # doctest: +SKIP
+        >>> print(report(denoiser="dit"))  # doctest: +SKIP
     """
-    probe = QualityProbe.default(timesteps, per_image=per_image, seed=seed)
-    random_probe = QualityProbe.default(timesteps, per_image=per_image, seed=seed, random_weights=True)
+    probe = QualityProbe.default(timesteps, per_image=per_image, seed=seed, denoiser=denoiser)
+    random_probe = QualityProbe.default(
+        timesteps, per_image=per_image, seed=seed, random_weights=True, denoiser=denoiser
+    )
     base = probe.measure()
     trivial = probe.trivial_psnr()
     steps, alphas = probe.timesteps, probe.alphas.tolist()
     lines = [
+        f"### {DENOISERS[denoiser].label} (`tome_processors/data/{DENOISERS[denoiser].folder}`)",
+        "",
         f"Held-out crops: {probe.crops.shape[0]} of {probe.crops.shape[-2]}x{probe.crops.shape[-1]} "
         f"from {', '.join(HELDOUT_IMAGES)}; seed {seed}.",
         "",
@@ -430,7 +528,7 @@ def report(per_image: int = 2, seed: int = 0, timesteps: Sequence[int] = DEFAULT
         + " |"
     )
     names, trained, random = [], [], []
-    for name, (apply, remove) in reference_methods().items():
+    for name, (apply, remove) in reference_methods(denoiser).items():
         names.append(name)
         trained.append(probe.measure(apply, remove))
         random.append(random_probe.measure(apply, remove))
@@ -453,33 +551,99 @@ def report(per_image: int = 2, seed: int = 0, timesteps: Sequence[int] = DEFAULT
     return "\n".join(lines)
 
 
-#: Bench column: relative change of the trained denoiser's noise prediction, in percent.
+#: Bench column: relative change of the trained UNet denoiser's noise prediction, in percent.
 TRAINED_EPS_CHANGE = "trained eps change %"
-#: Bench column: drop of the x0 PSNR on held-out crops, in dB (positive = worse than unmerged).
+#: Bench column: drop of the UNet's x0 PSNR on held-out crops, in dB (positive = worse than unmerged).
 TRAINED_PSNR_DROP = "trained PSNR drop dB"
+#: The same two columns measured on the trained DiT, for the bench's transformer rows.
+DIT_EPS_CHANGE = "trained DiT eps change %"
+DIT_PSNR_DROP = "trained DiT PSNR drop dB"
+#: Denoiser name -> the bench's (eps change, PSNR drop) columns measured on it.
+TRAINED_COLUMNS: dict[str, tuple[str, str]] = {
+    "unet": (TRAINED_EPS_CHANGE, TRAINED_PSNR_DROP),
+    "dit": (DIT_EPS_CHANGE, DIT_PSNR_DROP),
+}
 
 
-def trained_quality_metrics(**probe_options: Any) -> Callable[[Method], dict[str, float]]:
-    """A bench `extra_metrics` callable that measures each method on the shipped trained denoiser.
+def bench_denoiser(family: Family | None) -> str:
+    """The shipped denoiser whose columns a bench of this model family gets: `"dit"` for diffusion
+    transformers (PixArt, SD3, Flux rows are measured on the PixArt-shaped DiT), else `"unet"`.
+
+    Example:
+        >>> bench_denoiser(FAMILIES["flux"]()), bench_denoiser(None)
+        ('dit', 'unet')
+    """
+    return "unet" if family is None or family.name == "unet" else "dit"
+
+
+def trained_quality_metrics(denoiser: str = "unet", **probe_options: Any) -> Callable[[Method], dict[str, float]]:
+    """A bench `extra_metrics` callable that measures each method on a shipped trained denoiser.
 
     Random-weight models have no natural token redundancy, so their output error can rank methods
-    differently from a trained model. The probe (`QualityProbe.default(**probe_options)`: the denoiser,
-    held-out crops, fixed noise) is loaded once; each call applies the method to the denoiser, measures
-    how much it changes the noise prediction and lowers the x0 PSNR, and removes it again.
+    differently from a trained model. The probe (`QualityProbe.default(denoiser=denoiser, **probe_options)`:
+    the denoiser, held-out crops, fixed noise) is loaded once; each call applies the method to the
+    denoiser, measures how much it changes the noise prediction and lowers the x0 PSNR, and removes it
+    again. The columns are `TRAINED_COLUMNS[denoiser]`. A method's `apply` must accept that model: the
+    bench's transformer rows are `apply_tome` with a `ToMeConfig`, and the PixArt family takes every
+    option (SD3 and Flux rows are merge-only, which PixArt takes too).
 
     Example:
         >>> from tome_processors.bench.methods import baseline_method
-        >>> metrics = trained_quality_metrics(timesteps=(500,))
-        >>> metrics(baseline_method())[TRAINED_EPS_CHANGE]
+        >>> metrics = trained_quality_metrics("dit", timesteps=(500,))
+        >>> metrics(baseline_method())[DIT_EPS_CHANGE]
         0.0
     """
-    probe = QualityProbe.default(**probe_options)
+    _denoiser(denoiser)
+    eps_column, psnr_column = TRAINED_COLUMNS[denoiser]
+    probe = QualityProbe.default(denoiser=denoiser, **probe_options)
 
     def metrics(method: Method) -> dict[str, float]:
         measured = probe.measure(method.apply, method.remove)
-        return {
-            TRAINED_EPS_CHANGE: 100.0 * measured["eps_rel_change"],
-            TRAINED_PSNR_DROP: measured["psnr_drop"],
-        }
+        return {eps_column: 100.0 * measured["eps_rel_change"], psnr_column: measured["psnr_drop"]}
 
     return metrics
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_probe(denoiser: str, timesteps: tuple[int, ...], per_image: int, size: int, seed: int) -> QualityProbe:
+    # One probe per setting: the model loads and its unmerged prediction is computed once per process.
+    return QualityProbe.default(timesteps, per_image=per_image, size=size, seed=seed, denoiser=denoiser)
+
+
+def probe_quality(
+    method: ToMeConfig | Mapping[str, Any] | Method | None = None,
+    denoiser: str = "dit",
+    *,
+    timesteps: Sequence[int] = DEFAULT_TIMESTEPS,
+    per_image: int = 2,
+    size: int = 64,
+    seed: int = 0,
+) -> dict[str, float]:
+    """How much one configuration changes a shipped trained denoiser on held-out crops (`QualityProbe.measure`).
+
+    Args:
+        method: a `ToMeConfig` (applied as it is), a mapping of `apply_tome` options (`{}`: the family's
+            defaults), a bench `Method`, or None (the unmerged model: every change is 0).
+        denoiser: `"dit"` (the PixArt-shaped transformer) or `"unet"`.
+        timesteps, per_image, size, seed: the probe (`QualityProbe.default`); one probe per setting is
+            kept for the process, so repeated calls reuse the loaded model and its unmerged prediction.
+
+    Returns:
+        `psnr`, `psnr_drop` (dB), `eps_rel_change` (relative, not percent), and the per-timestep
+        `psnr_t{t}` / `eps_rel_change_t{t}`.
+
+    Example:
+        >>> row = probe_quality(ToMeConfig(ratio=0.5), "dit", timesteps=(300,))
+        >>> 0.0 < row["eps_rel_change"] < 1.0
+        True
+    """
+    probe = _shared_probe(denoiser, tuple(int(t) for t in timesteps), per_image, size, seed)
+    if method is None:
+        return probe.measure()
+    if isinstance(method, Method):
+        return probe.measure(method.apply, method.remove)
+    if isinstance(method, ToMeConfig):
+        config = method
+        return probe.measure(lambda model: apply_tome(model, config), remove_tome)
+    options = dict(method)
+    return probe.measure(lambda model: apply_tome(model, **options), remove_tome)

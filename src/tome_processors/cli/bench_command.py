@@ -35,7 +35,7 @@ from ..bench.meta import library_version, machine, package_version, resolve_devi
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES, pick_methods
 from ..bench.models import BenchModel, build_model
 from ..bench.pipelines import TEXT_ENCODER_SIZES
-from ..bench.quality import TRAINED_EPS_CHANGE, trained_quality_metrics
+from ..bench.quality import TRAINED_COLUMNS, bench_denoiser, trained_quality_metrics
 from ..bench.report import markdown_table, meta_lines, save_json, save_plot
 from ..config import PRESETS, ToMeConfig
 
@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--no-trained-quality",
         action="store_true",
-        help="skip the columns measured on the shipped trained denoiser (UNet methods only)",
+        help="skip the columns measured on a shipped trained denoiser (the DiT's for transformers, else the UNet's)",
     )
 
     how = parser.add_argument_group("how to measure")
@@ -299,13 +299,13 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.pipeline:
         return _run_pipeline(args, bench, methods, settings, device, dtype, started)
-    unet = bench.family is None or bench.family.name == "unet"
+    denoiser = bench_denoiser(bench.family)  # transformer rows are measured on the trained DiT
     extra_metrics = None
-    if not (args.no_trained_quality or not unet):
+    if not args.no_trained_quality:
         if importlib.util.find_spec("skimage") is None:
             print('note: the trained-denoiser columns need scikit-image: pip install "tome-processors[bench]".')
         else:
-            extra_metrics = trained_quality_metrics()
+            extra_metrics = trained_quality_metrics(denoiser)
     elif args.plot_error == "trained":
         print("note: --plot-error trained needs the trained-quality columns; plotting the random-weight error.")
     rows = run_benchmark(bench.model, methods, bench.forward, settings, extra_metrics=extra_metrics)
@@ -318,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"JSON: {save_json(rows, meta, args.json)}")
     if args.plot:
         title = f"{bench.description}, {bench.resolution} px, batch {args.batch}, {meta['dtype']} on {device.type}"
-        error_key = TRAINED_EPS_CHANGE if args.plot_error == "trained" and extra_metrics is not None else None
+        error_key = TRAINED_COLUMNS[denoiser][0] if args.plot_error == "trained" and extra_metrics is not None else None
         print(f"plot: {save_plot(rows, args.plot, title, error_key=error_key)}")
     return 0
 

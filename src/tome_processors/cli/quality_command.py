@@ -1,9 +1,9 @@
-"""`tome-processors quality`: token merging measured on the small denoiser trained on photos that ships with
-the package, on held-out crops; prints a markdown report (docs/quality.md).
+"""`tome-processors quality`: token merging measured on the small denoisers trained on photos that ship with
+the package (a UNet and a PixArt-shaped DiT), on held-out crops; prints a markdown report (docs/quality.md).
 
 Example:
     $ tome-processors quality --threads 1
-    $ tome-processors quality --timesteps 300
+    $ tome-processors quality --denoiser dit --timesteps 300
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from ..bench.quality import DEFAULT_TIMESTEPS, report
+from ..bench.quality import DEFAULT_TIMESTEPS, DENOISERS, report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,6 +24,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timesteps", type=int, nargs="+", default=list(DEFAULT_TIMESTEPS), help="noise levels to measure at"
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--denoiser",
+        choices=[*DENOISERS, "all"],
+        default="all",
+        help="which shipped denoiser to report on: the UNet, the PixArt-shaped DiT, or both (default)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(report(args.per_image, args.seed, args.timesteps))
+    names = list(DENOISERS) if args.denoiser == "all" else [args.denoiser]
+    print("\n\n".join(report(args.per_image, args.seed, args.timesteps, name) for name in names))
     return 0
 
 
