@@ -7,7 +7,9 @@ import torch
 
 import tome_processors as tp
 from tome_processors import ToMeConfig, ToMeMixin
-from tome_processors.bench.quality import QualityProbe
+from tome_processors.bench.presets import preset_table
+from tome_processors.bench.quality import QualityProbe, probe_quality
+from tome_processors.cli.main import main
 from tome_processors.config import PRESETS
 from tome_processors.families import FAMILIES, family_of
 from tome_processors.hooks import context_of
@@ -153,3 +155,30 @@ def test_presets_quality_on_the_trained_unet_denoiser():
     assert change["exact"] == tome_half["eps_rel_change"] > 0
     assert 0 < change["balanced"] <= change["exact"]
     assert 0 < change["fast"] <= 2 * change["exact"]
+
+
+@pytest.mark.parametrize("family", ["pixart", "flux"])
+def test_transformer_presets_quality_on_the_trained_dit(family):
+    """The same targets on the trained PixArt-shaped DiT, which every transformer family's presets run on."""
+    pytest.importorskip("skimage")
+    timesteps = (100, 500)
+    reference = probe_quality(ToMeConfig(ratio=0.5), "dit", timesteps=timesteps)["eps_rel_change"]
+    change = {
+        name: probe_quality(ToMeConfig.from_preset(name, family), "dit", timesteps=timesteps)["eps_rel_change"]
+        for name in ("balanced", "fast")
+    }
+    assert 0 < change["balanced"] <= reference
+    assert change["balanced"] < change["fast"] <= 2 * reference
+
+
+def test_preset_table_marks_a_missed_target():
+    row = {"family": "sd3", "denoiser": "dit", "preset": "fast", "settings": "ratio=0.7", "eps_change": 0.3}
+    row |= {"psnr_drop": 1.0, "image_change": 0.2, "image_psnr_drop": 0.5, "target": 0.2, "within_target": False}
+    table = preset_table([row, {**row, "eps_change": 0.1, "within_target": True}])
+    lines = table.splitlines()
+    assert "(missed)" in lines[2] and "(missed)" not in lines[3] and "| 30.00 | <= 20.00" in lines[2]
+
+
+def test_quality_command_refuses_unknown_families(capsys):
+    assert main(["quality", "--presets", "dit"]) == 2
+    assert "Expected --presets among" in capsys.readouterr().err

@@ -4,6 +4,7 @@ the package (a UNet and a PixArt-shaped DiT), on held-out crops; prints a markdo
 Example:
     $ tome-processors quality --threads 1
     $ tome-processors quality --denoiser dit --timesteps 300
+    $ tome-processors quality --presets            # every family's presets against their targets
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import sys
 
 import torch
 
+from ..bench.presets import preset_quality, preset_table
 from ..bench.quality import DEFAULT_TIMESTEPS, DENOISERS, report
+from ..families import FAMILIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +33,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="all",
         help="which shipped denoiser to report on: the UNet, the PixArt-shaped DiT, or both (default)",
     )
+    parser.add_argument(
+        "--presets",
+        nargs="*",
+        default=None,
+        metavar="FAMILY",
+        help="instead: the presets of these families (default all: unet pixart sd3 flux) on the trained model "
+        "of their kind, one forward and whole 20-step runs, against the presets' targets",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,8 +52,14 @@ def run(args: argparse.Namespace) -> int:
     if not all(0 <= t < 1000 for t in args.timesteps):
         print(f"error: Expected --timesteps between 0 and 999, but got {args.timesteps}.", file=sys.stderr)
         return 2
+    if args.presets is not None and any(f not in FAMILIES for f in args.presets):
+        print(f"error: Expected --presets among {sorted(FAMILIES)}, but got {args.presets}.", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.presets is not None:
+        print(preset_table(preset_quality(args.presets or list(FAMILIES))))
+        return 0
     names = list(DENOISERS) if args.denoiser == "all" else [args.denoiser]
     print("\n\n".join(report(args.per_image, args.seed, args.timesteps, name) for name in names))
     return 0

@@ -1,0 +1,106 @@
+"""The presets measured on the shipped trained denoisers: what `tome-processors quality --presets` prints.
+
+Each family's presets (`ToMeConfig.from_preset`) run on the trained model of its kind: the UNet
+denoiser for UNets, the PixArt-shaped DiT for PixArt, SD3 and Flux (it takes every option their
+presets use). Two measures per preset, both against the unmerged model:
+
+- one forward at fixed noise levels (`quality.probe_quality`): the change of the noise prediction,
+  the measure the preset targets are stated in ("balanced" at most ToMe at 0.5, "fast" at most twice);
+- whole 20-step DDIM runs (`sampling.SamplingProbe`): the change of the final images, where reuse
+  across steps (`recompute_every`) and errors carried from step to step show.
+
+Example:
+    >>> rows = preset_quality(["pixart"])  # doctest: +SKIP
+    >>> rows[0]["preset"], rows[0]["within_target"]  # doctest: +SKIP
+    ('ToMe r=0.5', True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from ..apply import apply_tome, remove_tome
+from ..config import PRESETS, ToMeConfig
+from ..families import FAMILIES
+from .quality import probe_quality
+from .sampling import SamplingProbe
+
+#: The reference every target is stated against: ToMe (tomesd's algorithm) at ratio 0.5.
+REFERENCE = ToMeConfig(ratio=0.5)
+#: How many times the reference's noise-prediction change each preset may cause.
+TARGET_FACTOR = {"exact": None, "balanced": 1.0, "fast": 2.0}
+
+
+def trained_denoiser_for(family: str) -> str:
+    """The shipped denoiser a family's presets are measured on: `"unet"` or `"dit"`."""
+    return "unet" if family == "unet" else "dit"
+
+
+def _settings(config: ToMeConfig) -> str:
+    default = ToMeConfig()
+    changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    return ", ".join(f"{k}={v!r}" for k, v in changed.items() if v != getattr(default, k)) or "tomesd's defaults"
+
+
+def preset_quality(families: Sequence[str] = tuple(FAMILIES), steps: int = 20) -> list[dict[str, Any]]:
+    """One row per family and preset (and the reference), with both measures and the target check.
+
+    Example:
+        >>> [row["preset"] for row in preset_quality(["unet"])]  # doctest: +SKIP
+        ['ToMe r=0.5', 'exact', 'balanced', 'fast']
+    """
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"Expected families among {sorted(FAMILIES)}, but got {list(families)}.")
+    samplers: dict[str, SamplingProbe] = {}
+    rows = []
+    for family in families:
+        denoiser = trained_denoiser_for(family)
+        sampler = samplers.setdefault(denoiser, SamplingProbe.default(denoiser, steps=steps, per_image=2))
+        configs = {"ToMe r=0.5": REFERENCE, **{name: ToMeConfig.from_preset(name, family) for name in PRESETS}}
+        reference_change = None
+        for name, config in configs.items():
+            forward = probe_quality(config, denoiser)
+            run = sampler.measure(lambda model, config=config: apply_tome(model, config), remove_tome)
+            change = forward["eps_rel_change"]
+            if reference_change is None:
+                reference_change = change
+            factor = TARGET_FACTOR.get(name)
+            rows.append(
+                {
+                    "family": family,
+                    "denoiser": denoiser,
+                    "preset": name,
+                    "settings": _settings(config),
+                    "eps_change": change,
+                    "psnr_drop": forward["psnr_drop"],
+                    "image_change": run["image_change"],
+                    "image_psnr_drop": run["psnr_drop"],
+                    "target": None if factor is None else factor * reference_change,
+                    "within_target": None if factor is None else change <= factor * reference_change,
+                }
+            )
+    return rows
+
+
+def preset_table(rows: list[dict[str, Any]]) -> str:
+    """`preset_quality`'s rows as a markdown table (changes in percent)."""
+    lines = [
+        "| family | trained model | preset | settings | eps change % | target % | PSNR drop dB "
+        "| 20-step image change % | 20-step PSNR drop dB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        target = (
+            "-"
+            if row["target"] is None
+            else f"<= {100 * row['target']:.2f}" + ("" if row["within_target"] else " (missed)")
+        )
+        lines.append(
+            f"| {row['family']} | {row['denoiser']} | {row['preset']} | {row['settings']} | "
+            f"{100 * row['eps_change']:.2f} | {target} | {row['psnr_drop']:.3f} | "
+            f"{100 * row['image_change']:.2f} | {row['image_psnr_drop']:.3f} |"
+        )
+    return "\n".join(lines)
