@@ -284,7 +284,7 @@ def test_dit_bench_columns():
 def test_dit_report_lists_every_reference_method():
     text = report(per_image=1, seed=0, timesteps=(300,), denoiser="dit")
     assert text.startswith("### trained PixArt-shaped DiT") and "| margin over best trivial |" in text
-    default = FAMILIES["pixart"]().default_config().ratio
+    default = ToMeConfig.for_model("pixart").ratio
     assert f"| tome PixArt default (r={default:g}) |" in text
     for name in reference_methods("dit"):
         assert f"| {name} |" in text

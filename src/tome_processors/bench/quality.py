@@ -37,7 +37,7 @@ from diffusers import DDPMScheduler, PixArtTransformer2DModel, UNet2DConditionMo
 
 from ..apply import apply_tome, remove_tome
 from ..config import ToMeConfig
-from ..families import FAMILIES, Family
+from ..families import Family
 from .engine import Method
 
 # The split is by whole photo: no crop of a held-out photo is ever seen in training.
@@ -452,7 +452,7 @@ def reference_methods(denoiser: str = "unet") -> dict[str, tuple[Apply, Apply]]:
 
     _denoiser(denoiser)
     if denoiser == "dit":
-        default = FAMILIES["pixart"]().default_config().ratio
+        default = ToMeConfig.for_model("pixart").ratio
         return {
             "tome r=0.3": tome(ratio=0.3),
             f"tome PixArt default (r={default:g})": tome(),
