@@ -179,15 +179,19 @@ def add_arguments(parser: argparse.ArgumentParser, **defaults: Any) -> None:
     parser.set_defaults(**defaults)
 
 
-def main() -> None:
-    """Parse the arguments, train, and print the time and final loss."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    record = train(parser.parse_args())
+def print_summary(record: dict) -> None:
+    """Print a finished run's wall time and final loss (what `training.json` records)."""
     print(
         f"wall time {record['wall_time_s']:.0f} s, final loss (mean of last 50 steps) "
         f"{record['final_loss_mean_last_50_steps']:.4f}"
     )
+
+
+def main() -> None:
+    """Parse the arguments, train, and print the time and final loss."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    print_summary(train(parser.parse_args()))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import argparse
 
 import torch
 from diffusers import PixArtTransformer2DModel
-from train_denoiser import CROSS_DIM, add_arguments, fit, save
+from train_denoiser import CROSS_DIM, add_arguments, fit, print_summary, save
 
 from tome_processors.bench.quality import context_embedding
 
@@ -65,11 +65,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # Short pilots (the same number of crops) did better with batch 4 and twice the steps than with batch 8.
     add_arguments(parser, steps=1500, batch=4, crop=64, big_every=0, log_every=100, out=DEFAULT_OUT)
-    record = train(parser.parse_args())
-    print(
-        f"wall time {record['wall_time_s']:.0f} s, final loss (mean of last 50 steps) "
-        f"{record['final_loss_mean_last_50_steps']:.4f}"
-    )
+    print_summary(train(parser.parse_args()))
 
 
 if __name__ == "__main__":
