@@ -1,11 +1,9 @@
-"""Attaching without a process-wide hook, standing down by itself, diffusers' hook registry, one-way imports."""
+"""Attaching without a process-wide hook, standing down by itself, diffusers' hook registry."""
 
 from __future__ import annotations
 
-import ast
 import copy
 import pickle
-from pathlib import Path
 
 import pytest
 import torch
@@ -217,36 +215,3 @@ def test_compiled_first_call_passes_through_without_a_graph_break():
         assert not tp.is_tome_applied(model) and leftovers(model) == []
     finally:
         torch._dynamo.reset()
-
-
-def _imports(path: Path, package: str) -> set[str]:
-    """Modules of `package` that the module at `path` imports anywhere (inside functions and TYPE_CHECKING too)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names = [node.module] if node.module else [alias.name for alias in node.names]
-            found.update(f"{package}.{name.split('.')[0]}" for name in names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package + "."):
-            found.add(".".join(node.module.split(".")[:2]))
-    return found
-
-
-def test_modules_import_each_other_one_way():
-    root = Path(tp.__file__).parent
-    graph = {f"tome_processors.{p.stem}": _imports(p, "tome_processors") for p in root.glob("*.py")}
-    graph.pop("tome_processors.__init__")
-    graph.pop("tome_processors.__main__")
-    done: set[str] = set()
-
-    def visit(module: str, path: tuple[str, ...]) -> None:
-        assert module not in path, " -> ".join((*path, module))
-        if module in done or module not in graph:
-            return
-        for dependency in sorted(graph[module]):
-            visit(dependency, (*path, module))
-        done.add(module)
-
-    for module in sorted(graph):
-        visit(module, ())
-    assert "tome_processors.apply" not in graph["tome_processors.attach"]
-    assert "tome_processors.processor" not in graph["tome_processors.hooks"] | graph["tome_processors.attach"]

@@ -7,6 +7,7 @@ import logging
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -228,7 +229,8 @@ def test_each_method_is_paired_with_the_baseline_runs_around_it(monkeypatch):
     def fake_timed(call, device):
         out = call()
         clock["calls"] += 1
-        return out, (1 + 0.1 * clock["calls"]) * clock["factor"]
+        clock["last"] = (1 + 0.1 * clock["calls"]) * clock["factor"]
+        return out, clock["last"]
 
     def halved(unet):
         clock["factor"] = 0.5
@@ -240,9 +242,48 @@ def test_each_method_is_paired_with_the_baseline_runs_around_it(monkeypatch):
     unet = torch.nn.Linear(2, 2)
     methods = [baseline_method()] + [Method(f"half {i}", "half", None, halved, restored) for i in range(3)]
     settings = BenchSettings(rounds=3, measure_memory=False, progress=False, baseline_every=1)
-    rows = run_benchmark(unet, methods, lambda model: model(torch.ones(1, 2)), settings)
+
+    def inner() -> float:  # a second measure of each run: a quarter of it
+        return clock["last"] / 4
+
+    rows = run_benchmark(unet, methods, lambda model: model(torch.ones(1, 2)), settings, inner_seconds=inner)
     assert [row.speedup for row in rows] == pytest.approx([1.0, 2.0, 2.0, 2.0])
     assert [len(row.times) for row in rows] == [12, 3, 3, 3]  # 4 baseline runs per round
+    # The second measure is paired by the same rule.
+    assert [row.inner_speedup for row in rows] == pytest.approx([1.0, 2.0, 2.0, 2.0])
+    assert [row.inner_times for row in rows] == [[t / 4 for t in row.times] for row in rows]
+    assert all(row.inner_seconds == pytest.approx(row.seconds / 4) for row in rows)
+
+
+def test_host_cost_is_counted_on_a_forward_that_finds_the_caches_filled():
+    # Like ours (per-grid tables), this method does extra work on its first forward after being applied.
+    handles = []
+
+    def fill_once(model):
+        filled = []
+
+        def pre_hook(module, args):
+            if not filled:
+                filled.append(torch.arange(8).cumsum(0).sum())  # the cache fill: aten ops on the first forward only
+
+        handles.append(model.register_forward_pre_hook(pre_hook))
+
+    def remove(model):
+        handles.pop().remove()
+
+    calls = []
+
+    def forward(model):
+        calls.append(1)
+        return model(torch.ones(1, 2))
+
+    methods = [baseline_method(), Method("cached", "cached", None, fill_once, remove)]
+    settings = BenchSettings(rounds=2, warmup=1, measure_memory=False, progress=False)
+    base, cached = run_benchmark(torch.nn.Linear(2, 2), methods, forward, settings)
+    assert cached.aten_ops == base.aten_ops and not handles
+    # Reference, the warm-up round with each method's inspection right after its warm-up forward, two rounds
+    # of baseline-method-baseline: no separate forward to fill the caches before counting.
+    assert len(calls) == 1 + 2 * 2 + 2 * 3
 
 
 def test_quick_rows_count_host_cost(quick_run):
@@ -386,10 +427,14 @@ def test_half_precision_model_builds_without_the_float32_warning():
         diffusers_logger.removeHandler(listener)
 
 
-def test_library_version_falls_back_to_the_source_tree(monkeypatch):
-    assert meta.library_version() in (meta.package_version("tome-processors"), tome_processors.__version__)
-    monkeypatch.setattr(meta, "package_version", lambda name: None)
-    assert meta.library_version() == tome_processors.__version__
+def test_the_reported_version_is_the_running_code_and_the_distribution_is_built_from_it():
+    # One source: pyproject reads the version from tome_processors.__version__, so a source tree reports the
+    # same version as the installed distribution, and the bench's metadata shows it.
+    assert meta.versions()["tome_processors"] == tome_processors.__version__
+    installed = meta.package_version("tome-processors")
+    assert installed in (None, tome_processors.__version__)
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'dynamic = ["version"]' in pyproject and 'attr = "tome_processors.__version__"' in pyproject
 
 
 def test_flux_overhead_replay_records_row_tokens_as_a_real_forward_does():

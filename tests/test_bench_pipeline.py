@@ -22,12 +22,10 @@ from PIL import Image
 from transformers import CLIPTokenizer, T5EncoderModel, T5Tokenizer
 
 from tome_processors.bench.dit import build_transformer
-from tome_processors.bench.engine import BenchSettings, Method
+from tome_processors.bench.engine import BenchSettings, Method, pair_with_baseline
 from tome_processors.bench.generate import (
     DenoiserTimer,
     GenerationRow,
-    _Generation,
-    _paired_step_times,
     generation_table,
     time_generations,
 )
@@ -149,18 +147,13 @@ def test_step_time_is_the_time_inside_the_denoiser():
     assert len(run.images) == 2 and run.images[0].size == (64, 64)
 
 
-def test_step_speedups_pair_each_method_with_the_baseline_runs_around_it():
-    # Methods 1 and 2 in one group between two baseline runs (0.2 s and 0.4 s per step): paired with 0.3.
-    names = ["baseline", "a", "b"]
-    settings = BenchSettings(rounds=1, warmup=1, baseline_every=3)
-    warm = [_Generation("baseline", 9.0, 3)] + [_Generation(name, 9.0, 3) for name in names]
-    timed = [_Generation("baseline", 0.6, 3), _Generation("a", 0.3, 3), _Generation("b", 0.6, 3)]
-    timed.append(_Generation("baseline", 1.2, 3))
-    times, speedups = _paired_step_times(warm + timed, names, settings)
-    assert [pytest.approx(t) for t in ([0.2, 0.4], [0.1], [0.2])] == times
-    assert [pytest.approx(s) for s in ([1.0, 1.0], [3.0], [1.5])] == speedups
-    with pytest.raises(RuntimeError, match="timed runs in the order"):
-        _paired_step_times(warm + timed[::-1], names, settings)
+def test_pairing_takes_the_mean_of_the_baseline_runs_around_each_group():
+    # Methods 1 and 2 in one group between two baseline runs (0.2 s and 0.4 s): paired with 0.3; the engine
+    # pairs whole generations and their time per step with this one rule.
+    paired = pair_with_baseline([(0, 0.2), (1, 0.1), (2, 0.2), (0, 0.4)], 3)
+    assert paired == [([0.2, 0.4], [0.2, 0.4]), ([0.1], [pytest.approx(0.3)]), ([0.2], [pytest.approx(0.3)])]
+    with pytest.raises(ValueError, match="end with the baseline"):
+        pair_with_baseline([(0, 0.2), (1, 0.1)], 2)
 
 
 def test_denoiser_timer_counts_forwards_and_lets_go():

@@ -15,7 +15,6 @@ import pytest
 from PIL import Image
 
 import tome_processors as tp
-from tome_processors.cli.eval_command import main as eval_main
 from tome_processors.cli.main import main
 from tome_processors.evaluate.engine import (
     ClipScorer,
@@ -85,7 +84,6 @@ def test_cli_on_saved_folders(tmp_path, saved):
 
 
 def test_cli_rejects_bad_ratio(tmp_path, saved, capsys):
-    assert eval_main(["--model", str(saved / "pipeline"), "--ratios", "0.9", "--out", str(tmp_path)]) == 2
     assert main(["eval", "--model", str(saved / "pipeline"), "--ratios", "0.9", "--out", str(tmp_path)]) == 2
     assert "Expected ratios" in capsys.readouterr().err
 
@@ -97,7 +95,7 @@ def test_accelerate_launch_two_processes_does_every_prompt_once(tmp_path, saved)
     command = [
         "accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
         "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
-        "-m", "tome_processors.cli.eval_command",
+        "-m", "tome_processors", "eval",
         "--model", str(saved / "pipeline"), "--prompts", str(saved / "prompts.txt"), "--ratios", "0.5",
         "--seeds", "0", "1", "--steps", "2", "--height", "32", "--width", "32", "--out", str(out),
     ]  # fmt: skip
@@ -106,6 +104,7 @@ def test_accelerate_launch_two_processes_does_every_prompt_once(tmp_path, saved)
     assert result.returncode == 0, result.stderr[-3000:]
     payload = json.loads((out / "summary.json").read_text())
     assert payload["meta"]["processes"] == 2
+    assert payload["meta"]["tome_processors"] == tp.__version__
     done = [(r["prompt_index"], r["seed"], r["config"]) for r in payload["rows"]]
     assert len(done) == len(set(done)) == len(PROMPTS) * 2 * 2
     assert {r["process"] for r in payload["rows"]} == {0, 1}

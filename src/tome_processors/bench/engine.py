@@ -165,6 +165,9 @@ class Row:
         times: the forward time of every timed run, in seconds (one per round; the baseline runs
             several times per round).
         overhead_times: the overhead time of every round, in seconds.
+        inner_seconds, inner_speedup, inner_times: the same as `seconds`, `speedup` and `times` for the
+            second measure of each timed run (`run_benchmark`'s `inner_seconds`), paired the same way;
+            None and empty without one.
         extra: further metrics from `extra_metrics(method)` (empty unless given).
         settings: from the `Method`.
     """
@@ -187,6 +190,9 @@ class Row:
     compiles: int | None = None
     times: list[float] = field(default_factory=list)
     overhead_times: list[float] = field(default_factory=list)
+    inner_seconds: float | None = None
+    inner_speedup: float | None = None
+    inner_times: list[float] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -410,6 +416,35 @@ def _schedule(n: int, round_index: int, baseline_every: int, timed: bool) -> lis
     return order
 
 
+def pair_with_baseline(runs: Sequence[tuple[int, float]], n: int) -> list[tuple[list[float], list[float]]]:
+    """Per method of `n`: its times in one round and, for each, the baseline time it is paired with.
+
+    `runs` are one round's `(method index, seconds)` in the order they ran: the baseline (index 0) before
+    every group of methods and after the last. Each method is paired with the mean of the two baseline runs
+    around its group; each baseline run with itself.
+
+    Example:
+        >>> pair_with_baseline([(0, 2.0), (1, 1.0), (2, 3.0), (0, 4.0)], 3)
+        [([2.0, 4.0], [2.0, 4.0]), ([1.0], [3.0]), ([3.0], [3.0])]
+    """
+    paired: list[tuple[list[float], list[float]]] = [([], []) for _ in range(n)]
+    pending: list[tuple[int, float]] = []
+    previous = 0.0
+    for i, seconds in runs:
+        if i != 0:
+            pending.append((i, seconds))
+            continue
+        paired[0][0].append(seconds)
+        paired[0][1].append(seconds)
+        for j, method_seconds in pending:
+            paired[j][0].append(method_seconds)
+            paired[j][1].append((previous + seconds) / 2)
+        pending, previous = [], seconds
+    if pending:
+        raise ValueError(f"Expected the round to end with the baseline (index 0), but got {[i for i, _ in runs]}.")
+    return paired
+
+
 def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
@@ -486,6 +521,7 @@ def run_benchmark(
     forward: Callable[[torch.nn.Module], torch.Tensor],
     settings: BenchSettings | None = None,
     extra_metrics: Callable[[Method], dict[str, Any]] | None = None,
+    inner_seconds: Callable[[], float] | None = None,
 ) -> list[Row]:
     """Measure every method on `model` with the same `forward(model)` (fixed inputs); one `Row` per method.
 
@@ -498,6 +534,9 @@ def run_benchmark(
         extra_metrics: optional; called once per method after the measurements (with the method not
             applied; it may apply it itself, e.g. to a pipeline) and its dict is stored in `Row.extra`
             and shown as extra columns.
+        inner_seconds: optional; called right after every timed forward, it returns a second time of that
+            run (the denoiser's time per step inside a whole generation, say), which is paired with the
+            baseline exactly as the forward's own time is (`Row.inner_seconds`, `Row.inner_speedup`).
 
     Example:
         >>> rows = run_benchmark(unet, [baseline, ours], inputs.run)  # doctest: +SKIP
@@ -510,10 +549,13 @@ def run_benchmark(
         raise ValueError(f"Expected unique method names, but got {names}.")
     n = len(methods)
 
-    inspect_forwards = n if settings.measure_memory or settings.host_cost else 0
     schedules = [_schedule(n, r, settings.baseline_every, False) for r in range(settings.warmup)]
     schedules += [_schedule(n, r, settings.baseline_every, True) for r in range(settings.rounds)]
-    total = 1 + sum(len(order) for order in schedules) + inspect_forwards + (n if extra_metrics is not None else 0)
+    total = 1 + sum(len(order) for order in schedules) + (n if extra_metrics is not None else 0)
+    if _inspects(settings):
+        # One inspection forward per method. Eager, it follows the method's first warm-up forward, which fills
+        # the caches that every later forward finds; compiled, it comes after the rounds (the copies are warm).
+        total += n
     bar = tqdm(total=total, unit="fwd", disable=not settings.progress, leave=False)
 
     try:
@@ -530,7 +572,9 @@ def run_benchmark(
         with _dynamo_limits(n, settings.compile is not None):
             models = _Models(model, methods, settings)
             try:
-                measured = _measure(models, methods, forward, reference, overhead_calls, schedules, settings, bar)
+                measured = _measure(
+                    models, methods, forward, reference, overhead_calls, schedules, settings, bar, inner_seconds
+                )
             finally:
                 models.close()
         extra: list[dict[str, Any]] = []
@@ -548,6 +592,8 @@ class _Measured:
     errors: list[float | None]
     times: list[list[float]]
     paired_base: list[list[float]]
+    inner_times: list[list[float]]
+    inner_paired_base: list[list[float]]
     overhead_times: list[list[float]]
     compiles: list[int | None]
     memory: list[tuple[float | None, float | None]]
@@ -563,6 +609,7 @@ def _measure(
     schedules: list[list[int]],
     settings: BenchSettings,
     bar: Any,
+    inner_seconds: Callable[[], float] | None,
 ) -> _Measured:
     n = len(methods)
     device = next(models.model.parameters()).device
@@ -571,11 +618,17 @@ def _measure(
         errors=[None] * n,
         times=[[] for _ in range(n)],
         paired_base=[[] for _ in range(n)],
+        inner_times=[[] for _ in range(n)],
+        inner_paired_base=[[] for _ in range(n)],
         overhead_times=[[] for _ in range(n)],
         compiles=[0 if compiled else None] * n,
         memory=[(None, None)] * n,
         host=[None] * n,
     )
+
+    def record_error(i: int, out: torch.Tensor) -> None:
+        if m.errors[i] is None:
+            m.errors[i] = relative_error(out, reference)
 
     def run(i: int, timed: bool) -> float:
         before = _compilations() if compiled else 0
@@ -583,19 +636,37 @@ def _measure(
             out, seconds = _timed(lambda: forward(current), device)
         if compiled and timed:
             m.compiles[i] += _compilations() - before
-        if m.errors[i] is None:
-            m.errors[i] = relative_error(out, reference)
+        record_error(i, out)
         del out
         if timed and overhead_calls[i] is not None:
             m.overhead_times[i].append(_timed(overhead_calls[i], device)[1])
         bar.update(1)
         return seconds
 
+    def inspect(i: int, current: torch.nn.Module) -> None:
+        # Peak memory and host cost of a forward that finds the method's caches (per-grid tables) filled, as
+        # every forward but the first after applying it does.
+        with _peak_memory(device, settings.memory_interval, settings.measure_memory) as memory:
+            if settings.host_cost:
+                out, m.host[i] = measure_host_cost(lambda: forward(current), device)
+            else:
+                out = forward(current)
+            del out
+        m.memory[i] = (memory[0], memory[1])
+        bar.update(1)
+
     warmups = settings.warmup
+    inspect_in_warmup = _inspects(settings) and not compiled
     for round_index, order in enumerate(schedules[:warmups]):
         bar.set_description(f"warm-up {round_index + 1}")
         for i in order:
-            run(i, timed=False)
+            if round_index == 0 and inspect_in_warmup:
+                with models.use(i) as current:
+                    record_error(i, forward(current))
+                    bar.update(1)
+                    inspect(i, current)
+            else:
+                run(i, timed=False)
     # Compiled: warm up again until a whole round compiles nothing (guards settling), within the limit.
     extra_round = warmups
     while compiled and extra_round < settings.max_compile_warmup:
@@ -611,44 +682,36 @@ def _measure(
 
     for round_index, order in enumerate(schedules[warmups:]):
         bar.set_description(f"round {round_index + 1}")
-        # Timed: baseline, a few methods, baseline, ... (the schedule starts and ends with the
-        # baseline); each method is paired with the mean of the baseline runs around its group.
-        pending: list[tuple[int, float]] = []
-        previous = 0.0
+        # Timed: baseline, a few methods, baseline, ... (the schedule starts and ends with the baseline).
+        runs, inner_runs = [], []
         for i in order:
-            seconds = run(i, timed=True)
-            if i != 0:
-                pending.append((i, seconds))
-                continue
-            m.times[0].append(seconds)
-            m.paired_base[0].append(seconds)
-            for j, method_seconds in pending:
-                m.times[j].append(method_seconds)
-                m.paired_base[j].append((previous + seconds) / 2)
-            pending, previous = [], seconds
+            runs.append((i, run(i, timed=True)))
+            if inner_seconds is not None:
+                inner_runs.append((i, inner_seconds()))
+        for measure, paired, measured in (
+            (m.times, m.paired_base, runs),
+            (m.inner_times, m.inner_paired_base, inner_runs),
+        ):
+            for i, (seconds, base) in enumerate(pair_with_baseline(measured, n)):
+                measure[i] += seconds
+                paired[i] += base
 
-    if settings.measure_memory or settings.host_cost:
+    if _inspects(settings) and compiled:
         for i, method in enumerate(methods):
             bar.set_description(f"inspection: {method.name}")
             with models.use(i) as current:
-                if settings.host_cost:
-                    # The first forward after applying a method fills its caches (per-grid tables), which
-                    # is not what every forward costs: count the host cost of the second one.
-                    del_first = forward(current)
-                    del del_first
-                with _peak_memory(device, settings.memory_interval, settings.measure_memory) as memory:
-                    if settings.host_cost:
-                        out, m.host[i] = measure_host_cost(lambda: forward(current), device)
-                    else:
-                        out = forward(current)
-                    del out
-            m.memory[i] = (memory[0], memory[1])
-            bar.update(1)
+                inspect(i, current)
     return m
+
+
+def _inspects(settings: BenchSettings) -> bool:
+    """Whether a run has inspection forwards (peak memory, host cost)."""
+    return settings.measure_memory or settings.host_cost
 
 
 def _row(method: Method, m: _Measured, i: int, extra: dict[str, Any]) -> Row:
     speedups = [b / t for b, t in zip(m.paired_base[i], m.times[i], strict=True)]
+    inner_speedups = [b / t for b, t in zip(m.inner_paired_base[i], m.inner_times[i], strict=True)]
     shares = [o / b for o, b in zip(m.overhead_times[i], m.paired_base[i], strict=False)]
     host = m.host[i]
     return Row(
@@ -670,6 +733,9 @@ def _row(method: Method, m: _Measured, i: int, extra: dict[str, Any]) -> Row:
         compiles=m.compiles[i],
         times=m.times[i],
         overhead_times=m.overhead_times[i],
+        inner_seconds=_median(m.inner_times[i]),
+        inner_speedup=_median(inner_speedups),
+        inner_times=m.inner_times[i],
         extra=extra,
         settings=dict(method.settings),
     )

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import statistics
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -32,7 +31,7 @@ import torch
 from diffusers.utils import logging as diffusers_logging
 from PIL import Image
 
-from .engine import BenchSettings, Method, _schedule, _synchronize, run_benchmark
+from .engine import BenchSettings, Method, _synchronize, run_benchmark
 from .report import format_number, json_safe, save_grid
 
 __all__ = [
@@ -328,9 +327,12 @@ def time_generations(
     if hasattr(pipe, "set_progress_bar_config"):
         pipe.set_progress_bar_config(disable=True)
     wrapped = [_on_denoiser(method, target) for method in methods]
+
+    def seconds_per_step() -> float:  # of the generation just timed: the denoiser's own time per call
+        return generations[-1].denoiser_seconds / max(generations[-1].denoiser_calls, 1)
+
     with _quiet_diffusers():
-        rows = run_benchmark(target, wrapped, generate, settings)
-    step_times, step_speedups = _paired_step_times(generations, [m.name for m in methods], settings)
+        rows = run_benchmark(target, wrapped, generate, settings, inner_seconds=seconds_per_step)
     result = [
         GenerationRow(
             name=row.name,
@@ -338,58 +340,20 @@ def time_generations(
             ratio=row.ratio,
             seconds_per_image=row.seconds,
             speedup_per_image=row.speedup,
-            seconds_per_step=statistics.median(step_times[i]),
-            speedup_per_step=statistics.median(step_speedups[i]),
+            seconds_per_step=row.inner_seconds,
+            speedup_per_step=row.inner_speedup,
             image_change=row.rel_error,
             denoiser_calls=next(g.denoiser_calls for g in generations if g.name == row.name),
             peak_memory_mib=row.peak_memory_mib,
             memory_before_mib=row.memory_before_mib,
             image_times=list(row.times),
-            step_times=step_times[i],
+            step_times=list(row.inner_times),
             settings=dict(row.settings),
         )
-        for i, row in enumerate(rows)
+        for row in rows
     ]
     images = [_to_pil(first_images[m.name]) for m in methods]
     return GenerationRun(result, images)
-
-
-def _paired_step_times(
-    generations: Sequence[_Generation], names: Sequence[str], settings: BenchSettings
-) -> tuple[list[list[float]], list[list[float]]]:
-    """Per method: the per-step times of its timed generations, and their speed-ups paired as the engine pairs.
-
-    The engine runs one reference generation, `warmup` rounds of every method, then the timed rounds in
-    the order `engine._schedule` gives (baseline, a group of methods, baseline, ...); each method is paired
-    with the mean of the baseline runs just before and after its group.
-    """
-    n = len(names)
-    orders = [_schedule(n, r, settings.baseline_every, True) for r in range(settings.rounds)]
-    start = 1 + settings.warmup * n
-    timed = list(generations[start : start + sum(len(order) for order in orders)])
-    expected = [names[i] for order in orders for i in order]
-    if [g.name for g in timed] != expected:
-        got = [g.name for g in timed]
-        raise RuntimeError(f"Expected the engine's timed runs in the order {expected}, but got {got}.")
-    times: list[list[float]] = [[] for _ in range(n)]
-    speedups: list[list[float]] = [[] for _ in range(n)]
-    runs = iter(timed)
-    for order in orders:
-        pending: list[tuple[int, float]] = []
-        previous = 0.0
-        for i in order:
-            run = next(runs)
-            seconds = run.denoiser_seconds / max(run.denoiser_calls, 1)
-            if i != 0:
-                pending.append((i, seconds))
-                continue
-            times[0].append(seconds)
-            speedups[0].append(1.0)
-            for j, method_seconds in pending:
-                times[j].append(method_seconds)
-                speedups[j].append((previous + seconds) / 2 / method_seconds)
-            pending, previous = [], seconds
-    return times, speedups
 
 
 def _to_pil(image: torch.Tensor) -> Image.Image:

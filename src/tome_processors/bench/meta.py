@@ -14,13 +14,14 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
 
 from .. import __version__
 
-__all__ = ["cpu_name", "library_version", "machine", "package_version", "resolve_device", "resolve_dtype"]
+__all__ = ["cpu_name", "machine", "package_version", "resolve_device", "resolve_dtype", "versions"]
 
 
 def package_version(distribution: str) -> str | None:
@@ -31,18 +32,24 @@ def package_version(distribution: str) -> str | None:
         return None
 
 
-def library_version() -> str:
-    """This library's version: the installed distribution's, or the source tree's `__version__` when run from it.
+def versions() -> dict[str, str | None]:
+    """The versions a measurement ran with: Python, torch, diffusers, tomesd and this library.
+
+    This library's comes from the code that is running (`tome_processors.__version__`, which is also what the
+    distribution is built with), so a run from a source tree reports it too.
 
     Example:
         >>> import tome_processors
-        >>> library_version() in (package_version("tome-processors"), tome_processors.__version__)
+        >>> versions()["tome_processors"] == tome_processors.__version__
         True
     """
-    installed = package_version("tome-processors")
-    if installed is not None:
-        return installed
-    return __version__
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "diffusers": package_version("diffusers"),
+        "tomesd": package_version("tomesd"),
+        "tome_processors": __version__,
+    }
 
 
 def resolve_device(name: str) -> torch.device:

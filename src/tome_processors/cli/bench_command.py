@@ -31,7 +31,7 @@ import torch
 
 from ..bench.engine import BenchSettings, Method, run_benchmark
 from ..bench.generate import generation_table, save_generation_grid, save_generation_json, time_generations
-from ..bench.meta import library_version, machine, package_version, resolve_device, resolve_dtype
+from ..bench.meta import machine, resolve_device, resolve_dtype, versions
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES, pick_methods
 from ..bench.models import BenchModel, build_model
 from ..bench.pipelines import TEXT_ENCODER_SIZES
@@ -247,11 +247,7 @@ def _meta(
         "compile": None if args.compile is None else f"{args.compile} ({args.compile_backend})",
         "machine": machine(device),
         "torch_threads": torch.get_num_threads(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "diffusers": package_version("diffusers"),
-        "tomesd": package_version("tomesd"),
-        "tome_processors": library_version(),
+        **versions(),
         "memory": "CUDA allocator peak" if device.type == "cuda" else "peak resident set (psutil, sampled every 1 ms)",
     }
 
@@ -369,16 +365,3 @@ def _run_pipeline(
 def _exit_2(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tome_processors.cli.bench_command ...`, the same as `tome-processors bench ...`."""
-    parser = argparse.ArgumentParser(prog="tome-processors bench", description=__doc__)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    args.parser, args.argv = parser, ["bench", *(sys.argv[1:] if argv is None else argv)]
-    return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import torch
 from accelerate import PartialState
 from diffusers import DiffusionPipeline
 
-from ..bench.meta import resolve_dtype
+from ..bench.meta import machine, resolve_dtype, versions
 from ..config import ToMeConfig
 from ..evaluate.engine import ClipScorer, EvalSettings, eval_configs, load_prompts, run_eval
 from ..evaluate.report import write_reports
@@ -72,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
             "seeds": list(args.seeds),
             "prompts": len(prompts),
             "clip_model": args.clip_model,
-            "torch": torch.__version__,
-            "machine": platform.platform(),
+            "machine": machine(state.device),
+            **versions(),
         }
         paths = write_reports(rows, configs, args.out, meta)
         print(Path(paths["report"]).read_text(encoding="utf-8"))
@@ -83,14 +82,3 @@ def run(args: argparse.Namespace) -> int:
 
 def _valid_ratios(ratios: list[float]) -> bool:
     return all(0 <= r <= ToMeConfig().max_ratio for r in ratios)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point for `python -m tome_processors.cli.eval_command` (also under `accelerate launch`)."""
-    parser = argparse.ArgumentParser(prog="tome-processors eval", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,6 +14,17 @@ import sys
 
 from . import bench_command, eval_command, quality_command
 
+#: The subcommands: name, the module with their `add_arguments` and `run`, one line of help.
+COMMANDS = (
+    ("bench", bench_command, "side-by-side speed, memory and output change of the baseline, this library and tomesd"),
+    ("eval", eval_command, "image quality (CLIP score, PSNR/SSIM) against speed on real prompts (needs weights)"),
+    (
+        "quality",
+        quality_command,
+        "merging measured on the small trained denoisers that ship with the package (offline)",
+    ),
+)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of `tome-processors` with its subcommands."""
@@ -21,32 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tome-processors",
         description="Token Merging for diffusers: benchmark it against the baseline and tomesd, or evaluate it.",
     )
-    commands = parser.add_subparsers(dest="command", metavar="{bench,eval,quality}")
+    commands = parser.add_subparsers(dest="command", metavar="{" + ",".join(name for name, _, _ in COMMANDS) + "}")
     commands.required = True
-    bench = commands.add_parser(
-        "bench",
-        help="side-by-side speed, memory and output change of the baseline, this library and tomesd",
-        description=bench_command.__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    bench_command.add_arguments(bench)
-    bench.set_defaults(handler=bench_command.run)
-    evaluate = commands.add_parser(
-        "eval",
-        help="image quality (CLIP score, PSNR/SSIM) against speed on real prompts (needs weights)",
-        description=eval_command.__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    eval_command.add_arguments(evaluate)
-    evaluate.set_defaults(handler=eval_command.run)
-    quality = commands.add_parser(
-        "quality",
-        help="merging measured on the small denoiser trained on photos that ships with the package (offline)",
-        description=quality_command.__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    quality_command.add_arguments(quality)
-    quality.set_defaults(handler=quality_command.run)
+    for name, module, summary in COMMANDS:
+        command = commands.add_parser(
+            name, help=summary, description=module.__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        )
+        module.add_arguments(command)
+        command.set_defaults(handler=module.run)
     return parser
 
 

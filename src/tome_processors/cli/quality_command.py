@@ -63,14 +63,3 @@ def run(args: argparse.Namespace) -> int:
     names = list(DENOISERS) if args.denoiser == "all" else [args.denoiser]
     print("\n\n".join(report(args.per_image, args.seed, args.timesteps, name) for name in names))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tome_processors.cli.quality_command ...`, the same as `tome-processors quality ...`."""
-    parser = argparse.ArgumentParser(prog="tome-processors quality", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
