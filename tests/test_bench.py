@@ -410,6 +410,20 @@ def test_default_and_full_grids():
     assert [m.name for m in methods] == names and notes == []
 
 
+def test_the_command_loads_no_pipeline_class_until_it_builds_a_pipeline():
+    # diffusers' pipeline classes import transformers' image processors, which warn at start-up where
+    # torchvision is missing; only `bench --pipeline` needs them.
+    code = (
+        "import sys, tome_processors.cli.main\n"
+        "from tome_processors.bench.pipelines import build_pipeline\n"
+        "print(sorted(k for k in sys.modules if k.startswith('diffusers.pipelines.') and k.count('.') >= 3))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "[]"
+    assert "requires torchvision" not in result.stderr
+
+
 def test_half_precision_model_builds_without_the_float32_warning():
     # diffusers' library logger may not propagate to the root logger (caplog), so listen on it directly.
     records: list[logging.LogRecord] = []

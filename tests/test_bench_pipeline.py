@@ -74,7 +74,8 @@ def test_default_rows_time_whole_generations(sd15_run):
 
 def test_meta_says_what_was_built(sd15_run):
     meta = sd15_run["meta"]
-    assert meta["pipeline"] == "StableDiffusionPipeline" and meta["steps"] == 2 and meta["batch"] is None
+    assert meta["pipeline"] == "StableDiffusionPipeline" and meta["steps"] == 2
+    assert meta["batch"] == 2 and sd15_run["rows"][0]["denoiser_batch"] == 2  # one image, guidance batched
     assert meta["denoiser_calls"] == 3 and meta["resolution"] == 64
     components = meta["components"]
     assert set(components) == {"unet", "text_encoder", "tokenizer", "vae", "scheduler"}
@@ -89,6 +90,7 @@ def test_transformer_pipelines(arch, tmp_path):
     assert all(all(math.isfinite(row[key]) for key in SECONDS) for row in rows)
     assert rows[0]["image_change"] == 0.0 and rows[1]["image_change"] > 0.0
     assert rows[0]["denoiser_calls"] == 2 and rows[0]["peak_memory_mib"] is None
+    assert data["meta"]["batch"] == (1 if arch == "flux" else 2)  # Flux's guidance is an input, not a batch
 
 
 def test_ratios_and_modes_add_rows(tmp_path):
@@ -164,6 +166,9 @@ def test_denoiser_timer_counts_forwards_and_lets_go():
     assert timer.calls == 3 and timer.seconds > 0
     layer(torch.ones(1, 2))
     assert timer.calls == 3 and not layer._forward_hooks and not layer._forward_pre_hooks
+    with DenoiserTimer(layer) as timer:
+        layer(input=torch.ones(4, 2))  # neither positional nor a latent's name: no batch seen
+    assert timer.batch is None and timer.calls == 1
 
 
 def test_generation_table():

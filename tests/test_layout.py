@@ -138,3 +138,19 @@ def test_the_graph_sees_imports_inside_functions(tmp_path):
     path = PACKAGE / "bench" / "quality.py"
     imported = _imports(path)
     assert ("skimage.data", True) in imported and ("tome_processors.bench.engine.Method", False) in imported
+
+
+def test_the_package_ships_typed_and_every_function_is_annotated():
+    assert (PACKAGE / "py.typed").is_file()
+    untyped = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            arguments = node.args
+            every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+            every += [a for a in (arguments.vararg, arguments.kwarg) if a is not None]
+            bare = [a.arg for a in every if a.annotation is None and a.arg not in ("self", "cls")]
+            if bare or node.returns is None:
+                untyped.append(f"{name}.{node.name}{bare if bare else ''}{'' if node.returns else ' (return)'}")
+    assert untyped == []

@@ -153,7 +153,9 @@ class ToMeProcessor(torch.nn.Module):
             return None
         return merge
 
-    def _pooled_keys_values(self, slot: AttentionSlot, hidden_states: torch.Tensor, args: tuple, kwargs: dict):
+    def _pooled_keys_values(
+        self, slot: AttentionSlot, hidden_states: torch.Tensor, args: tuple, kwargs: dict
+    ) -> torch.Tensor | None:
         config = self.config
         if slot.is_cross or not config.merge_attn:
             return None

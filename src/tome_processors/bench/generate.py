@@ -134,7 +134,9 @@ def pipeline_call_kwargs(pipe: Any) -> dict[str, Any]:
 
 
 class DenoiserTimer:
-    """Adds up the wall time spent in a module's forwards (its hooks included) while entered.
+    """Adds up the wall time spent in a module's forwards (its hooks included) while entered, and notes the
+    batch size of the first one's input (the latents: its first positional argument, or `sample` or
+    `hidden_states`).
 
     On CUDA and MPS it synchronises the device before each forward starts and after it ends, so the
     time is that of the forward's own work. The pre-hook goes first and the post-hook last of the hooks
@@ -144,18 +146,22 @@ class DenoiserTimer:
         >>> layer = torch.nn.Linear(2, 2)
         >>> with DenoiserTimer(layer) as timer:
         ...     _ = layer(torch.ones(1, 2)), layer(torch.ones(1, 2))
-        >>> timer.calls, timer.seconds > 0
-        (2, True)
+        >>> timer.calls, timer.seconds > 0, timer.batch
+        (2, True, 1)
     """
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
         self.seconds = 0.0
         self.calls = 0
+        self.batch: int | None = None
         self._start = 0.0
         self._handles: list[Any] = []
 
-    def _before(self, module: torch.nn.Module, args: Any) -> None:
+    def _before(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.batch is None:
+            latents = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))
+            self.batch = int(latents.shape[0]) if isinstance(latents, torch.Tensor) else None
         _synchronize(_device_of(module))
         self._start = time.perf_counter()
 
@@ -166,7 +172,7 @@ class DenoiserTimer:
 
     def __enter__(self) -> DenoiserTimer:
         self._handles = [
-            self.module.register_forward_pre_hook(self._before, prepend=True),
+            self.module.register_forward_pre_hook(self._before, prepend=True, with_kwargs=True),
             self.module.register_forward_hook(self._after),
         ]
         return self
@@ -198,7 +204,8 @@ class GenerationRow:
         speedup_per_step: the same pairing on the per-step times.
         image_change: `||image - image_baseline|| / ||image_baseline||` of the final image (pixels in [0, 1]),
             same prompt and seed; 0 for the baseline on a deterministic device.
-        denoiser_calls: denoiser forwards in one generation.
+        denoiser_calls: denoiser forwards in one generation; denoiser_batch: the batch of each (2 for one
+            image with classifier-free guidance, 1 without; None when the input was not seen).
         peak_memory_mib, memory_before_mib: the engine's peak memory during one generation, and before it.
         image_times: every timed generation's seconds; step_times: every timed per-step seconds.
     """
@@ -212,6 +219,7 @@ class GenerationRow:
     speedup_per_step: float
     image_change: float
     denoiser_calls: int
+    denoiser_batch: int | None = None
     peak_memory_mib: float | None = None
     memory_before_mib: float | None = None
     image_times: list[float] = field(default_factory=list)
@@ -231,6 +239,7 @@ class _Generation(NamedTuple):
     name: str
     denoiser_seconds: float
     denoiser_calls: int
+    denoiser_batch: int | None
 
 
 class _Target(torch.nn.Module):
@@ -320,7 +329,7 @@ def time_generations(
         arguments = _call_kwargs(pipe, seed, steps, guidance_scale, resolution, resolution, "pt", kwargs)
         with torch.inference_mode(), DenoiserTimer(denoiser) as timer:
             image = pipe(prompt, **arguments).images[0]
-        generations.append(_Generation(name, timer.seconds, timer.calls))
+        generations.append(_Generation(name, timer.seconds, timer.calls, timer.batch))
         first_images.setdefault(name, image.detach().float().cpu())
         return image
 
@@ -344,6 +353,7 @@ def time_generations(
             speedup_per_step=row.inner_speedup,
             image_change=row.rel_error,
             denoiser_calls=next(g.denoiser_calls for g in generations if g.name == row.name),
+            denoiser_batch=next(g.denoiser_batch for g in generations if g.name == row.name),
             peak_memory_mib=row.peak_memory_mib,
             memory_before_mib=row.memory_before_mib,
             image_times=list(row.times),

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import diffusers
 import torch
 from diffusers import (
     AutoencoderKL,
@@ -38,12 +39,7 @@ from diffusers import (
     DPMSolverMultistepScheduler,
     EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
-    FluxPipeline,
-    PixArtAlphaPipeline,
     PNDMScheduler,
-    StableDiffusion3Pipeline,
-    StableDiffusionPipeline,
-    StableDiffusionXLPipeline,
 )
 from transformers import (
     CLIPTextConfig,
@@ -141,13 +137,16 @@ _ENCODERS: dict[str, tuple[_Encoder, ...]] = {
 #: Architectures `build_pipeline` knows (those of `--arch`).
 PIPELINE_ARCHITECTURES = tuple(_ENCODERS)
 
-_PIPELINES: dict[str, type[DiffusionPipeline]] = {
-    "sd15": StableDiffusionPipeline,
-    "sd2": StableDiffusionPipeline,
-    "sdxl": StableDiffusionXLPipeline,
-    "pixart": PixArtAlphaPipeline,
-    "sd3": StableDiffusion3Pipeline,
-    "flux": FluxPipeline,
+#: The pipeline class of each architecture, by its name in diffusers' lazy namespace: importing the pipeline
+#: classes imports transformers' image processors (which warn when torchvision is missing), so a bench that
+#: builds no pipeline never loads them.
+_PIPELINES: dict[str, str] = {
+    "sd15": "StableDiffusionPipeline",
+    "sd2": "StableDiffusionPipeline",
+    "sdxl": "StableDiffusionXLPipeline",
+    "pixart": "PixArtAlphaPipeline",
+    "sd3": "StableDiffusion3Pipeline",
+    "flux": "FluxPipeline",
 }
 _SD_BETAS = dict(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear")
 #: The published scheduler of each pipeline (SD 1.5, SD 2.1, SDXL base, PixArt-α, SD3 medium, FLUX.1-dev).
@@ -339,7 +338,8 @@ def build_pipeline(
         components.update(safety_checker=None, feature_extractor=None, requires_safety_checker=False)
     elif arch == "sdxl":
         components["add_watermarker"] = False
-    pipe = _PIPELINES[arch](**components)
+    pipeline_class: type[DiffusionPipeline] = getattr(diffusers, _PIPELINES[arch])
+    pipe = pipeline_class(**components)
     pipe.set_progress_bar_config(disable=True)
     call_kwargs = {"max_sequence_length": QUICK_TEXT_TOKENS} if quick and not unet else {}
     return RandomPipeline(pipe, described, call_kwargs)

@@ -342,7 +342,7 @@ def _run_pipeline(
     )
     meta = _meta(args, device, dtype, bench.description, bench.resolution, started)
     meta.update(
-        batch=None,
+        batch=run.rows[0].denoiser_batch,
         pipeline=type(bench.pipe).__name__,
         components=dict(bench.components),
         prompt=args.prompt,

@@ -208,7 +208,15 @@ def run_eval(
     return sorted(rows, key=lambda r: (r.prompt_index, r.seed, [c.name for c in settings.configs].index(r.config)))
 
 
-def _measure_item(pipe, settings, out_dir, clip_scorer, prompt_index, seed, process) -> list[EvalRow]:
+def _measure_item(
+    pipe: Any,
+    settings: EvalSettings,
+    out_dir: Path,
+    clip_scorer: Callable[[Any, str], float] | None,
+    prompt_index: int,
+    seed: int,
+    process: int,
+) -> list[EvalRow]:
     prompt = settings.prompts[prompt_index]
     rows, reference = [], None
     for config in settings.configs:
