@@ -99,12 +99,12 @@ def apply_tome(
         model_config = resolve_config(model, config, preset, kwargs)
         family.check_config(model, model_config)
         plans.append((model, family, model_config))
-    for model, family, config in plans:  # noqa: B020 (each model's own config from here on)
-        warn_if_merges_nothing(model, config, stacklevel=2)
+    for model, family, model_config in plans:
+        warn_if_merges_nothing(model, model_config, stacklevel=2)
         remove_tome(model)
-        context = install(model, config, family, ToMeProcessor)
+        context = install(model, model_config, family, ToMeProcessor)
         for attn in attention_modules(model):
-            attn.set_processor(ToMeProcessor(attn.processor, config))
+            attn.set_processor(ToMeProcessor(attn.processor, model_config))
         logger.debug("ToMe applied to %s: %d blocks", type(model).__name__, len(context.blocks))
     if not isinstance(model_or_pipeline, torch.nn.Module):  # `ratio_start` finds its timesteps on the host
         watch_schedule(model_or_pipeline, models)

@@ -230,19 +230,23 @@ class UNetFamily(Family):
         return int(sample.shape[-2]), int(sample.shape[-1])
 
 
+#: PixArt's and SD3's presets. Measured on the trained DiT (docs/options.md): merging the feed-forward too
+#: (`merge_mlp`) costs 2.5x ToMe's change at 0.5 already at ratio 0.3, so the presets share one matching per
+#: forward instead.
+_DIT_PRESETS: dict[str, dict[str, Any]] = {
+    "exact": {},
+    "balanced": {"ratio": 0.4, "share_level": True},
+    "fast": {"ratio": 0.7, "share_level": True},
+}
+
+
 class PixArtFamily(Family):
     """`PixArtTransformer2DModel`: `BasicTransformerBlock`s (ada_norm_single) over the patch grid."""
 
     name = "pixart"
     timestep_position = 2
     defaults: dict[str, Any] = {"ratio": 0.4}
-    # Measured on the trained DiT (docs/options.md): merging the feed-forward too (`merge_mlp`) costs 2.5x
-    # ToMe's change at 0.5 already at ratio 0.3, so the presets share one matching per forward instead.
-    presets: dict[str, dict[str, Any]] = {
-        "exact": {},
-        "balanced": {"ratio": 0.4, "share_level": True},
-        "fast": {"ratio": 0.7, "share_level": True},
-    }
+    presets = _DIT_PRESETS
 
     def matches(self, model: torch.nn.Module) -> bool:
         return isinstance(model, PixArtTransformer2DModel)
@@ -264,13 +268,7 @@ class SD3Family(Family):
     timestep_position = 3
     merge_only = True
     defaults: dict[str, Any] = {"ratio": 0.4}
-    # Measured on the trained DiT (docs/options.md): merging the feed-forward too (`merge_mlp`) costs 2.5x
-    # ToMe's change at 0.5 already at ratio 0.3, so the presets share one matching per forward instead.
-    presets: dict[str, dict[str, Any]] = {
-        "exact": {},
-        "balanced": {"ratio": 0.4, "share_level": True},
-        "fast": {"ratio": 0.7, "share_level": True},
-    }
+    presets = _DIT_PRESETS
 
     def matches(self, model: torch.nn.Module) -> bool:
         return isinstance(model, SD3Transformer2DModel)
