@@ -45,6 +45,7 @@ __all__ = [
     "Layout",
     "family_of",
     "find_family",
+    "max_downsample_for_levels",
 ]
 
 
@@ -185,6 +186,16 @@ class Family:
             )
 
 
+def max_downsample_for_levels(first_level: int, levels: int) -> int:
+    """The `max_downsample` that merges `levels` attention levels from the first (the model's `auto_downsample`).
+
+    Example:
+        >>> max_downsample_for_levels(1, 2), max_downsample_for_levels(2, 2)  # SD1.5, SDXL
+        (2, 4)
+    """
+    return first_level * 2 ** (levels - 1)
+
+
 class UNetFamily(Family):
     """UNets (SD1.x, SD2.x, SDXL) and any model with `BasicTransformerBlock`s in `Transformer2DModel`s."""
 
@@ -195,14 +206,15 @@ class UNetFamily(Family):
     presets: dict[str, dict[str, Any]] = {
         "exact": {},
         "balanced": {"mode": "downsample_kv", "kv_pool": "nearest"},
-        # The first two attention levels: max_downsample is twice the model's first level (preset_options).
+        # The first two attention levels: max_downsample from the model's first level (preset_options).
         "fast": {"mode": "downsample_kv", "kv_pool": "nearest", "kv_factor": 4},
     }
 
     def preset_options(self, name: str, model: torch.nn.Module | None = None) -> dict[str, Any]:
         options = super().preset_options(name, model)
         if name == "fast":
-            options["max_downsample"] = 2 * (self.auto_downsample(model) if model is not None else 1)
+            first_level = self.auto_downsample(model) if model is not None else 1
+            options["max_downsample"] = max_downsample_for_levels(first_level, 2)
         return options
 
     def matches(self, model: torch.nn.Module) -> bool:

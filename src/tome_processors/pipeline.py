@@ -226,7 +226,7 @@ def enable_tome(
         >>> import tome_processors
         >>> tome_processors.enable_tome(pipe, ratio=0.5)  # doctest: +SKIP
         >>> tome_processors.enable_tome(pipe, preset="fast")  # doctest: +SKIP
-        >>> pipe.enable_xformers_memory_efficient_attention()  # doctest: +SKIP  (ToMe stays on)
+        >>> pipe.enable_xformers_memory_efficient_attention()  # ToMe stays on  # doctest: +SKIP
         >>> tome_processors.disable_tome(pipe)  # doctest: +SKIP
     """
     if not isinstance(controlnet, bool):
@@ -419,6 +419,7 @@ def unpatch_pipelines() -> None:
     """Undo `patch_pipelines()`. Pipelines with ToMe enabled keep it until `disable_tome(pipe)`.
 
     Example:
+        >>> import tome_processors
         >>> tome_processors.unpatch_pipelines()
     """
     from diffusers import DiffusionPipeline  # here: it loads the pipeline machinery (0.7 s)

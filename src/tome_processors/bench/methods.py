@@ -34,7 +34,7 @@ import torch
 from ..apply import apply_tome, remove_tome
 from ..config import PRESETS, ToMeConfig
 from ..context import BlockState, ModelState
-from ..families import Family
+from ..families import Family, max_downsample_for_levels
 from ..merge import pool_tokens
 from .engine import BlockInput, Method, Recording
 from .meta import package_version
@@ -184,7 +184,7 @@ def preset_methods(presets: Sequence[str], model: torch.nn.Module | Family | str
 
     Example:
         >>> [m.name for m in preset_methods(["exact", "fast"], "pixart", auto_downsample=1)]
-        ['ours exact r=0.4', 'ours fast r=0.6']
+        ['ours exact r=0.4', 'ours fast r=0.7']
     """
     target = model.name if isinstance(model, Family) else model
     return [
@@ -206,7 +206,7 @@ def mode_methods(modes: Sequence[str], ratios: Sequence[float], auto_downsample:
         spec = MODES[mode]
         options = dict(spec.options)
         if spec.levels > 1:
-            options["max_downsample"] = auto_downsample * 2 ** (spec.levels - 1)
+            options["max_downsample"] = max_downsample_for_levels(auto_downsample, spec.levels)
         for ratio in ratios if spec.per_ratio else [0.5]:
             config = ToMeConfig(ratio=float(ratio), **options)
             methods.append(ours_method(config, spec.family, auto_downsample))

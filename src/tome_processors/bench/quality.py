@@ -570,6 +570,7 @@ def bench_denoiser(family: Family | None) -> str:
     transformers (PixArt, SD3, Flux rows are measured on the PixArt-shaped DiT), else `"unet"`.
 
     Example:
+        >>> from tome_processors.families import FAMILIES
         >>> bench_denoiser(FAMILIES["flux"]()), bench_denoiser(None)
         ('dit', 'unet')
     """

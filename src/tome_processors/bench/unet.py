@@ -94,8 +94,8 @@ def build_unet(arch: str, seed: int = 0) -> UNet2DConditionModel:
     """A UNet of the named architecture with random weights (seeded), in eval mode.
 
     Example:
-        >>> build_unet("tiny").config.block_out_channels
-        [32, 64]
+        >>> tuple(build_unet("tiny").config.block_out_channels)
+        (32, 64)
     """
     if arch not in ARCHITECTURES:
         raise ValueError(f"Expected arch among {sorted(ARCHITECTURES)}, but got {arch!r}.")
