@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tome_processors import _similarity
+from tome_processors import merge as merge_module
 from tome_processors._similarity import CHUNK_ROWS, _pair_scores, _use_cpu_gemm, best_match
 from tome_processors.merge import (
     GridLayout,
@@ -187,3 +188,17 @@ def test_text_rows_pass_the_text_through_and_merge_the_grid_as_without_them(batc
         assert torch.equal(merge.unmerge(y), torch.cat([y[:, :text], plain.unmerge(y[:, text:])], dim=1))
         assert torch.equal(merge.row_token, positions)
     assert joint.with_text_rows(text) is joint.with_text_rows(text)  # extended once, kept
+
+
+def test_merging_sums_into_kept_zeros_without_writing_them():
+    # The merge and the row sizes sum with an out-of-place index_add into zero tensors kept per shape: a
+    # merge must never write into them, and few are kept (they can be large).
+    metric = torch.randn(2, 64, 8)
+    merge = bipartite_soft_matching_2d(metric, 8, 8, 2, 2, r=20)
+    first = merge.merge(metric)
+    second = merge.merge(metric * 3)
+    torch.testing.assert_close(second, first * 3)  # nothing was left behind in the summing tensor
+    assert merge_module._ZEROS and all(not z.any() for z in merge_module._ZEROS.values())
+    for channels in range(1, 20):  # many shapes: the oldest are dropped
+        merge.merge(torch.randn(2, 64, channels))
+    assert len(merge_module._ZEROS) <= 8

@@ -5,7 +5,7 @@ C (channels), M (tokens left after merging), S and D (sources and destinations) 
 h rows by w columns, row-major.
 
 A merge is described by one index per token, the row of the merged tensor that the token goes
-into. Merging is then a sum into rows divided by the row sizes (`index_add_`), and unmerging is a
+into. Merging is then a sum into rows divided by the row sizes (`index_add`), and unmerging is a
 single row lookup (`embedding`, an `index_select`) that copies each row back to every token that went
 into it. Neither needs
 `scatter_reduce` or `gather`, which are missing or slow on some backends (on CPU `index_add_` ran
@@ -113,7 +113,7 @@ class TokenMerge:
             raise ValueError(
                 f"Expected tokens of shape ({self.batch}, {self.num_tokens}, C), but got {tuple(x.shape)}."
             )
-        summed = x.new_zeros(B * self.num_rows, C).index_add_(0, self.token_row, x.reshape(B * N, C))
+        summed = _zeros(B * self.num_rows, C, x.device, x.dtype).index_add(0, self.token_row, x.reshape(B * N, C))
         row_size = self.row_size if self.row_size.dtype == x.dtype else self.row_size.to(x.dtype)
         return (summed / row_size).view(B, self.num_rows, C)
 
@@ -448,7 +448,7 @@ def match(
             token_row = token_row + _batch_offsets(B, M, metric.device)
         flat_row = token_row.view(-1)
         ones = _ones(B * (text_rows + N), metric.device, metric.dtype)
-        row_size = metric.new_zeros(B * M, 1).index_add_(0, flat_row, ones)
+        row_size = _zeros(B * M, 1, metric.device, metric.dtype).index_add(0, flat_row, ones)
         row_token = None
         if with_row_token:
             kept_src = ranked_src[:, r:]
@@ -486,6 +486,17 @@ def _batch_offsets(batch: int, rows: int, device: torch.device) -> torch.Tensor:
 
 def _ones(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return _constant(("ones", n, device, dtype), lambda: torch.ones(n, 1, device=device, dtype=dtype))
+
+
+#: Zero tensors that out-of-place `index_add` sums into: one op per merge where `new_zeros` and `index_add_`
+#: took two. They can be large (rows x channels), so few are kept.
+_ZEROS: dict[tuple, torch.Tensor] = {}
+
+
+def _zeros(rows: int, channels: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A `(rows, channels)` zero tensor, made once; never written to (`index_add` returns a new tensor)."""
+    key = (rows, channels, device, dtype)
+    return cached(_ZEROS, key, lambda: torch.zeros(rows, channels, device=device, dtype=dtype), limit=8)
 
 
 def _rank_rows(
