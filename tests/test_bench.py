@@ -238,7 +238,7 @@ def test_each_method_is_paired_with_the_baseline_runs_around_it(monkeypatch):
     def restored(unet):
         clock["factor"] = 1.0
 
-    monkeypatch.setattr(engine, "_timed", fake_timed)
+    monkeypatch.setattr(engine, "timed", fake_timed)
     unet = torch.nn.Linear(2, 2)
     methods = [baseline_method()] + [Method(f"half {i}", "half", None, halved, restored) for i in range(3)]
     settings = BenchSettings(rounds=3, measure_memory=False, progress=False, baseline_every=1)

@@ -40,7 +40,6 @@ import gc
 import itertools
 import statistics
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -317,21 +316,6 @@ def shared_weight_copy(model: torch.nn.Module) -> torch.nn.Module:
     """
     memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     return copy.deepcopy(model, memo)
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
-def _timed(call: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
-    _synchronize(device)
-    start = time.perf_counter()
-    out = call()
-    _synchronize(device)
-    return out, time.perf_counter() - start
 
 
 class _ResidentSetSampler:
@@ -633,13 +617,13 @@ def _measure(
     def run(i: int, timed: bool) -> float:
         before = _compilations() if compiled else 0
         with models.use(i) as current:
-            out, seconds = _timed(lambda: forward(current), device)
+            out, seconds = timed(lambda: forward(current), device)
         if compiled and timed:
             m.compiles[i] += _compilations() - before
         record_error(i, out)
         del out
         if timed and overhead_calls[i] is not None:
-            m.overhead_times[i].append(_timed(overhead_calls[i], device)[1])
+            m.overhead_times[i].append(timed(overhead_calls[i], device)[1])
         bar.update(1)
         return seconds
 

@@ -31,7 +31,8 @@ import torch
 from diffusers.utils import logging as diffusers_logging
 from PIL import Image
 
-from .engine import BenchSettings, Method, _synchronize, run_benchmark
+from .engine import BenchSettings, Method, run_benchmark
+from .meta import synchronize, timed
 from .report import format_number, json_safe, save_grid
 
 __all__ = [
@@ -61,21 +62,19 @@ def generate_image(
     """One image of `prompt` from `seed` (a generator on the pipeline's device; on MPS, the CPU's).
 
     `height` / `width` None use the pipeline's defaults. Timed end to end (text encoder, every denoising
-    step, VAE decode), with a device synchronise before and after on CUDA.
+    step, VAE decode), with a device synchronise before and after (CUDA, MPS).
 
     Returns:
         `(PIL image, seconds)`.
     """
     device = getattr(pipe, "device", torch.device("cpu"))
     kwargs = _call_kwargs(pipe, seed, steps, guidance_scale, height, width, "pil", call_kwargs)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    with torch.inference_mode():
-        image = pipe(prompt, **kwargs).images[0]
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return image, time.perf_counter() - start
+
+    def generate() -> Any:
+        with torch.inference_mode():
+            return pipe(prompt, **kwargs).images[0]
+
+    return timed(generate, device)
 
 
 def _call_kwargs(
@@ -162,11 +161,11 @@ class DenoiserTimer:
         if self.batch is None:
             latents = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))
             self.batch = int(latents.shape[0]) if isinstance(latents, torch.Tensor) else None
-        _synchronize(_device_of(module))
+        synchronize(_device_of(module))
         self._start = time.perf_counter()
 
     def _after(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        _synchronize(_device_of(module))
+        synchronize(_device_of(module))
         self.seconds += time.perf_counter() - self._start
         self.calls += 1
 

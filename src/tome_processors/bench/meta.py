@@ -15,13 +15,26 @@ import importlib.metadata
 import os
 import platform
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from .. import __version__
 
-__all__ = ["cpu_name", "machine", "package_version", "resolve_device", "resolve_dtype", "versions"]
+__all__ = [
+    "cpu_name",
+    "dtype_name",
+    "machine",
+    "package_version",
+    "resolve_device",
+    "resolve_dtype",
+    "synchronize",
+    "timed",
+    "versions",
+]
 
 
 def package_version(distribution: str) -> str | None:
@@ -74,6 +87,38 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"Expected a torch dtype name such as 'float16', but got {name!r}.")
     return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as the options and the metadata write it.
+
+    Example:
+        >>> dtype_name(torch.float16)
+        'float16'
+    """
+    return str(dtype).replace("torch.", "")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA, MPS); nothing on the CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def timed(call: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    """`(call(), seconds)`, the device synchronised before and after so the time covers its work.
+
+    Example:
+        >>> timed(lambda: 2 + 2, torch.device("cpu"))[0]
+        4
+    """
+    synchronize(device)
+    start = time.perf_counter()
+    out = call()
+    synchronize(device)
+    return out, time.perf_counter() - start
 
 
 def cpu_name() -> str:
