@@ -13,9 +13,10 @@ inputs, in one process:
    `baseline_every` methods and at the end, so that each method sits between two baseline runs.
    Right after its forward, a method's merge work alone (`Method.overhead`) is timed on the
    recorded block inputs.
-4. Inspection: one more forward per method, untimed: its peak memory (the CUDA allocator's peak, or on
-   CPU the peak resident set sampled by a background thread) and its host cost (`hostcost.py`: aten
-   ops, host-sync ops, and on CUDA kernels and host syncs).
+4. Inspection: one more forward per method, untimed, right after its first warm-up forward (after the
+   rounds when compiled): its peak memory (the CUDA allocator's peak, or on CPU the peak resident set
+   sampled by a background thread) and its host cost (`hostcost.py`: aten ops, host-sync ops, and on
+   CUDA kernels and host syncs).
 
 Speed-up is paired: the median over rounds of `baseline time / method time`, the baseline time being
 the mean of the two baseline runs around the method, a few forwards apart. So drifts in machine
@@ -55,6 +56,7 @@ from ..config import ToMeConfig
 from ..context import BlockState, ModelState
 from ..families import find_family
 from .hostcost import HostCost, measure_host_cost
+from .meta import timed
 
 __all__ = [
     "BenchSettings",
@@ -614,15 +616,15 @@ def _measure(
         if m.errors[i] is None:
             m.errors[i] = relative_error(out, reference)
 
-    def run(i: int, timed: bool) -> float:
+    def run(i: int, in_round: bool) -> float:
         before = _compilations() if compiled else 0
         with models.use(i) as current:
             out, seconds = timed(lambda: forward(current), device)
-        if compiled and timed:
+        if compiled and in_round:
             m.compiles[i] += _compilations() - before
         record_error(i, out)
         del out
-        if timed and overhead_calls[i] is not None:
+        if in_round and overhead_calls[i] is not None:
             m.overhead_times[i].append(timed(overhead_calls[i], device)[1])
         bar.update(1)
         return seconds
@@ -650,7 +652,7 @@ def _measure(
                     bar.update(1)
                     inspect(i, current)
             else:
-                run(i, timed=False)
+                run(i, in_round=False)
     # Compiled: warm up again until a whole round compiles nothing (guards settling), within the limit.
     extra_round = warmups
     while compiled and extra_round < settings.max_compile_warmup:
@@ -659,7 +661,7 @@ def _measure(
         bar.total += n
         bar.refresh()
         for i in _schedule(n, extra_round, settings.baseline_every, False):
-            run(i, timed=False)
+            run(i, in_round=False)
         extra_round += 1
         if _compilations() == before:
             break
@@ -669,7 +671,7 @@ def _measure(
         # Timed: baseline, a few methods, baseline, ... (the schedule starts and ends with the baseline).
         runs, inner_runs = [], []
         for i in order:
-            runs.append((i, run(i, timed=True)))
+            runs.append((i, run(i, in_round=True)))
             if inner_seconds is not None:
                 inner_runs.append((i, inner_seconds()))
         for measure, paired, measured in (
