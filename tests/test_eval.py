@@ -65,7 +65,8 @@ def test_run_eval_measures_every_image_and_writes_reports(tmp_path, saved):
     report = paths["report"].read_text()
     assert "tome 0.6" in report and "grids/prompt_001.png" in report
     grid = Image.open(paths["grid_000"])
-    assert grid.size == (3 * 32, 2 * (32 + 14))
+    # a column per configuration, a row per seed; 32 px images drawn at 160 px, two label lines under each
+    assert grid.size == (3 * 160, 2 * (160 + 2 * 14 + 6))
     # ToMe was taken away again: the pipeline's UNet is untouched.
     assert not tp.is_tome_applied(pipe.unet)
 

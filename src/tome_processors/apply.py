@@ -26,17 +26,32 @@ def denoiser_of(pipe: Any) -> torch.nn.Module | None:
     return None
 
 
-def _target_models(model_or_pipeline: Any) -> list[torch.nn.Module]:
-    """The denoiser of a pipeline, or the model itself."""
+def target_models(model_or_pipeline: Any, controlnet: bool = False) -> list[torch.nn.Module]:
+    """The models ToMe goes on: a model itself, or a pipeline's denoiser and, with `controlnet`, its ControlNets.
+
+    Example:
+        >>> target_models(torch.nn.Linear(1, 1))
+        [Linear(in_features=1, out_features=1, bias=True)]
+    """
     if isinstance(model_or_pipeline, torch.nn.Module):
         return [model_or_pipeline]
     denoiser = denoiser_of(model_or_pipeline)
-    if denoiser is not None:
-        return [denoiser]
-    raise TypeError(
-        "Expected a diffusers model (torch.nn.Module) or a pipeline with a `unet` or `transformer`, "
-        f"but got {type(model_or_pipeline).__name__}."
-    )
+    if denoiser is None:
+        raise TypeError(
+            "Expected a diffusers model (torch.nn.Module) or a pipeline with a `unet` or `transformer`, "
+            f"but got {type(model_or_pipeline).__name__}."
+        )
+    models = [denoiser]
+    if controlnet:
+        net = getattr(model_or_pipeline, "controlnet", None)
+        if not isinstance(net, torch.nn.Module):
+            raise ValueError(
+                f"Expected a pipeline with a `controlnet` for controlnet=True, but got "
+                f"{type(model_or_pipeline).__name__}, which has none."
+            )
+        nets = getattr(net, "nets", None)  # MultiControlNetModel holds a list of ControlNets
+        models.extend(nets if isinstance(nets, torch.nn.ModuleList) else [net])
+    return models
 
 
 def _check_mergeable(model: torch.nn.Module) -> Family:
@@ -92,7 +107,7 @@ def apply_tome(
         >>> tome_processors.remove_tome(pipe)  # doctest: +SKIP
         >>> tome_processors.apply_tome(pipe, preset="fast")  # doctest: +SKIP
     """
-    models = _target_models(model_or_pipeline)
+    models = target_models(model_or_pipeline)
     plans = []
     for model in models:  # check everything before changing anything
         family = _check_mergeable(model)
@@ -120,7 +135,7 @@ def remove_tome(model_or_pipeline: T) -> T:
     Example:
         >>> tome_processors.remove_tome(pipe.unet)  # doctest: +SKIP
     """
-    for model in _target_models(model_or_pipeline):
+    for model in target_models(model_or_pipeline):
         context = context_of(model)
         if context is not None:
             context.remove(model)
@@ -132,4 +147,4 @@ def remove_tome(model_or_pipeline: T) -> T:
 
 def is_tome_applied(model_or_pipeline: Any) -> bool:
     """Whether ToMe's merge context is installed on the model (or the pipeline's denoiser)."""
-    return any(context_of(m) is not None for m in _target_models(model_or_pipeline))
+    return any(context_of(m) is not None for m in target_models(model_or_pipeline))

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .apply import apply_tome, denoiser_of, remove_tome, resolve_config, unwrap_processors
+from .apply import apply_tome, denoiser_of, remove_tome, resolve_config, target_models, unwrap_processors
 from .config import Preset, ToMeConfig
 from .hooks import attention_modules, context_of, unwatch_schedule, watch_schedule
 from .processor import ToMeProcessor
@@ -173,23 +173,13 @@ def _all_unwrapped(keepers: list[_Keeper]) -> Iterator[None]:
 
 
 def _merged_models(pipe: Any, controlnet: bool) -> list[torch.nn.Module]:
-    denoiser = denoiser_of(pipe)
-    if denoiser is None:
+    """`target_models` of a pipeline; a model alone is refused (`apply_tome` is for models)."""
+    if isinstance(pipe, torch.nn.Module) or denoiser_of(pipe) is None:
         raise TypeError(
             f"Expected a diffusers pipeline with a `unet` (or `transformer`), but got {type(pipe).__name__}, which "
             "has none."
         )
-    models = [denoiser]
-    if controlnet:
-        net = getattr(pipe, "controlnet", None)
-        if not isinstance(net, torch.nn.Module):
-            raise ValueError(
-                f"Expected a pipeline with a `controlnet` for controlnet=True, but got {type(pipe).__name__}, "
-                "which has none."
-            )
-        nets = getattr(net, "nets", None)  # MultiControlNetModel holds a list of ControlNets
-        models.extend(nets if isinstance(nets, torch.nn.ModuleList) else [net])
-    return models
+    return target_models(pipe, controlnet)
 
 
 def enable_tome(

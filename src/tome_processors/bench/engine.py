@@ -52,6 +52,7 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 from tqdm.auto import tqdm
 
+from ..arguments import argument
 from ..config import ToMeConfig
 from ..context import BlockState, ModelState
 from ..families import find_family
@@ -112,6 +113,10 @@ class Recording(NamedTuple):
     needs_row_token: bool = False
 
 
+#: Puts a method on a model, or takes it off again (in place).
+Apply = Callable[[torch.nn.Module], Any]
+
+
 @dataclass
 class Method:
     """One configuration to measure: how to put it on a model and take it off.
@@ -135,8 +140,8 @@ class Method:
     name: str
     family: str
     ratio: float | None
-    apply: Callable[[torch.nn.Module], Any]
-    remove: Callable[[torch.nn.Module], Any]
+    apply: Apply
+    remove: Apply
     overhead: Callable[[Recording], Callable[[], Any]] | None = None
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -274,7 +279,7 @@ def record_block_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> R
             state.begin(grid, timestep)
 
     def block_hook(index: int, args: tuple, kwargs: dict) -> None:
-        tokens = args[0] if args else kwargs.get("hidden_states")
+        tokens = argument(args, kwargs, 0, "hidden_states")
         if not isinstance(tokens, torch.Tensor) or tokens.ndim != 3 or not forward_args:
             return
         grid = BlockState(state, index).grid(tokens.shape[1])

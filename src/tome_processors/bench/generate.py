@@ -31,6 +31,8 @@ import torch
 from diffusers.utils import logging as diffusers_logging
 from PIL import Image
 
+from ..apply import target_models
+from ..arguments import argument
 from .engine import BenchSettings, Method, run_benchmark
 from .meta import synchronize, timed
 from .report import format_number, json_safe, save_grid
@@ -39,7 +41,6 @@ __all__ = [
     "DenoiserTimer",
     "GenerationRow",
     "GenerationRun",
-    "denoiser_of",
     "generate_image",
     "generation_table",
     "pipeline_call_kwargs",
@@ -100,22 +101,6 @@ def _call_kwargs(
     return kwargs
 
 
-def denoiser_of(pipe: Any) -> torch.nn.Module:
-    """The pipeline's denoiser: its `unet`, else its `transformer`.
-
-    Example:
-        >>> class Pipe:
-        ...     unet, transformer = None, torch.nn.Linear(1, 1)
-        >>> type(denoiser_of(Pipe())).__name__
-        'Linear'
-    """
-    for name in ("unet", "transformer"):
-        module = getattr(pipe, name, None)
-        if isinstance(module, torch.nn.Module):
-            return module
-    raise ValueError(f"Expected a pipeline with a `unet` or a `transformer`, but got {type(pipe).__name__}.")
-
-
 def pipeline_call_kwargs(pipe: Any) -> dict[str, Any]:
     """Arguments that make a generation do what the bench asks, where the pipeline has them.
 
@@ -159,7 +144,8 @@ class DenoiserTimer:
 
     def _before(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         if self.batch is None:
-            latents = args[0] if args else kwargs.get("sample", kwargs.get("hidden_states"))
+            latents = argument(args, kwargs, 0, "sample")
+            latents = argument(args, kwargs, 0, "hidden_states") if latents is None else latents
             self.batch = int(latents.shape[0]) if isinstance(latents, torch.Tensor) else None
         synchronize(_device_of(module))
         self._start = time.perf_counter()
@@ -317,7 +303,7 @@ def time_generations(
     if steps < 1:
         raise ValueError(f"Expected steps >= 1, but got {steps}.")
     settings = BenchSettings(**{**asdict(settings), "host_cost": False})
-    denoiser = denoiser_of(pipe)
+    denoiser = target_models(pipe)[0]
     target = _Target(denoiser)
     kwargs = {**pipeline_call_kwargs(pipe), **(call_kwargs or {})}
     generations: list[_Generation] = []

@@ -36,7 +36,7 @@ from ..config import PRESETS, ToMeConfig
 from ..context import BlockState, ModelState
 from ..families import Family, max_downsample_for_levels
 from ..merge import pool_tokens
-from .engine import BlockInput, Method, Recording
+from .engine import Apply, BlockInput, Method, Recording
 from .meta import package_version
 
 __all__ = [
@@ -157,6 +157,21 @@ def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Record
     return build
 
 
+def config_changes(config: ToMeConfig) -> dict[str, Any]:
+    """The fields of `config` that differ from `ToMeConfig()`'s (tomesd's defaults).
+
+    Example:
+        >>> config_changes(ToMeConfig(ratio=0.3, share_level=True))
+        {'ratio': 0.3, 'share_level': True}
+    """
+    default = ToMeConfig()
+    return {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if getattr(config, f.name) != getattr(default, f.name)
+    }
+
+
 def ours_method(config: ToMeConfig, family: str, auto_downsample: int, name: str | None = None) -> Method:
     """This library with `config`, applied with `apply_tome` (wrapping the current processors).
 
@@ -170,8 +185,9 @@ def ours_method(config: ToMeConfig, family: str, auto_downsample: int, name: str
     def apply(unet: torch.nn.Module) -> None:
         apply_tome(unet, config)
 
-    settings = {k: v for k, v in dataclasses.asdict(config).items() if v != getattr(ToMeConfig(), k)}
-    return Method(label, family, ratio, apply, remove_tome, _ours_overhead(config, auto_downsample), settings)
+    return Method(
+        label, family, ratio, apply, remove_tome, _ours_overhead(config, auto_downsample), config_changes(config)
+    )
 
 
 def ours_methods(ratios: Sequence[float], auto_downsample: int, **options: Any) -> list[Method]:
@@ -243,6 +259,24 @@ def _tomesd_overhead(ratio: float, max_downsample: int) -> Callable[[Recording],
     return build
 
 
+def tomesd_patch(ratio: float, max_downsample: int = 1) -> tuple[Apply, Apply]:
+    """tomesd's own `apply_patch` at `ratio` and its `remove_patch`: the comparison, and the tests' oracle.
+
+    tomesd draws its random destinations from a generator forked from the global RNG at the first forward,
+    so applying seeds the global RNG first: every application of the patch draws the same destinations.
+
+    Example:
+        >>> apply, remove = tomesd_patch(0.5)  # doctest: +SKIP
+    """
+    import tomesd
+
+    def apply(unet: torch.nn.Module) -> None:
+        torch.manual_seed(0)
+        tomesd.apply_patch(unet, ratio=ratio, max_downsample=max_downsample)
+
+    return apply, tomesd.remove_patch
+
+
 def tomesd_methods(ratios: Sequence[float], max_downsample: int) -> list[Method]:
     """tomesd 0.1.x at each ratio (its defaults, except `max_downsample`, set to the model's first attention level).
 
@@ -250,26 +284,12 @@ def tomesd_methods(ratios: Sequence[float], max_downsample: int) -> list[Method]
         >>> [m.name for m in tomesd_methods([0.5], max_downsample=1)]  # doctest: +SKIP
         ['tomesd r=0.5']
     """
-    import tomesd
-
     methods = []
     for ratio in ratios:
-
-        def apply(unet: torch.nn.Module, ratio: float = float(ratio)) -> None:
-            tomesd.apply_patch(unet, ratio=ratio, max_downsample=max_downsample)
-
+        apply, remove = tomesd_patch(float(ratio), max_downsample)
         settings = {"ratio": float(ratio), "max_downsample": max_downsample, "version": package_version("tomesd")}
-        methods.append(
-            Method(
-                f"tomesd r={ratio:g}",
-                "tomesd",
-                float(ratio),
-                apply,
-                tomesd.remove_patch,
-                _tomesd_overhead(float(ratio), max_downsample),
-                settings,
-            )
-        )
+        overhead = _tomesd_overhead(float(ratio), max_downsample)
+        methods.append(Method(f"tomesd r={ratio:g}", "tomesd", float(ratio), apply, remove, overhead, settings))
     return methods
 
 

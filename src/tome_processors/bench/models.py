@@ -26,9 +26,9 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.models.attention_processor import AttnProcessor2_0
 
+from ..apply import target_models
 from ..families import Family, find_family
 from .dit import QUICK_TEXT_TOKENS, TRANSFORMER_ARCHITECTURES, build_transformer, make_transformer_inputs
-from .generate import denoiser_of
 from .pipelines import build_pipeline
 from .unet import build_unet, load_unet, make_inputs
 
@@ -121,7 +121,7 @@ def build_model(
         description = f"{name} architecture, random weights"
     elif pipeline:
         pipe = DiffusionPipeline.from_pretrained(model, dtype=dtype).to(device)
-        net, description = denoiser_of(pipe).eval(), model
+        net, description = target_models(pipe)[0].eval(), model
         loaded = {name: part for name, part in pipe.components.items() if part is not None}
         components = {name: f"{type(part).__name__}, loaded" for name, part in loaded.items()}
     else:

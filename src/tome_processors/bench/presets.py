@@ -17,14 +17,14 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from ..apply import apply_tome, remove_tome
 from ..config import PRESETS, ToMeConfig
 from ..families import FAMILIES
-from .quality import probe_quality
+from .methods import config_changes
+from .quality import bench_denoiser, probe_quality
 from .sampling import SamplingProbe
 
 #: The reference every target is stated against: ToMe (tomesd's algorithm) at ratio 0.5.
@@ -33,15 +33,8 @@ REFERENCE = ToMeConfig(ratio=0.5)
 TARGET_FACTOR = {"exact": None, "balanced": 1.0, "fast": 2.0}
 
 
-def trained_denoiser_for(family: str) -> str:
-    """The shipped denoiser a family's presets are measured on: `"unet"` or `"dit"`."""
-    return "unet" if family == "unet" else "dit"
-
-
 def _settings(config: ToMeConfig) -> str:
-    default = ToMeConfig()
-    changed = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    return ", ".join(f"{k}={v!r}" for k, v in changed.items() if v != getattr(default, k)) or "tomesd's defaults"
+    return ", ".join(f"{k}={v!r}" for k, v in config_changes(config).items()) or "tomesd's defaults"
 
 
 def preset_quality(families: Sequence[str] = tuple(FAMILIES), steps: int = 20) -> list[dict[str, Any]]:
@@ -57,7 +50,7 @@ def preset_quality(families: Sequence[str] = tuple(FAMILIES), steps: int = 20) -
     samplers: dict[str, SamplingProbe] = {}
     rows = []
     for family in families:
-        denoiser = trained_denoiser_for(family)
+        denoiser = bench_denoiser(family)
         sampler = samplers.setdefault(denoiser, SamplingProbe.default(denoiser, steps=steps, per_image=2))
         configs = {"ToMe r=0.5": REFERENCE, **{name: ToMeConfig.from_preset(name, family) for name in PRESETS}}
         reference_change = None

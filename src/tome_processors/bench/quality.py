@@ -38,7 +38,8 @@ from diffusers import DDPMScheduler, PixArtTransformer2DModel, UNet2DConditionMo
 from ..apply import apply_tome, remove_tome
 from ..config import ToMeConfig
 from ..families import Family
-from .engine import Method
+from .engine import Apply, Method, relative_error
+from .methods import tomesd_patch
 
 # The split is by whole photo: no crop of a held-out photo is ever seen in training.
 # `cat` is the same photo as `chelsea`, so it is in neither list.
@@ -352,10 +353,10 @@ class QualityProbe:
             psnrs.append(value)
             base_psnrs.append(psnr(x0_base[index], self.crops))
             row[f"psnr_t{timestep}"] = value
-            row[f"eps_rel_change_t{timestep}"] = _relative_change(eps[index], base[index])
+            row[f"eps_rel_change_t{timestep}"] = relative_error(eps[index], base[index])
         row["psnr"] = float(np.mean(psnrs))
         row["psnr_drop"] = float(np.mean(base_psnrs) - np.mean(psnrs))
-        row["eps_rel_change"] = _relative_change(eps, base)
+        row["eps_rel_change"] = relative_error(eps, base)
         return dict(sorted(row.items()))
 
     def trivial_psnr(self) -> dict[str, dict[int, float]]:
@@ -382,21 +383,6 @@ class QualityProbe:
         return table
 
 
-def _relative_change(value: torch.Tensor, reference: torch.Tensor) -> float:
-    return float((value.double() - reference.double()).norm() / reference.double().norm())
-
-
-def _tomesd(ratio: float) -> tuple[Callable[[torch.nn.Module], object], Callable[[torch.nn.Module], object]]:
-    """tomesd's own patch as a method (a test-only oracle); its generator forks the global RNG, so seed it."""
-    import tomesd
-
-    def apply(unet: torch.nn.Module) -> None:
-        torch.manual_seed(0)
-        tomesd.apply_patch(unet, ratio=ratio)
-
-    return apply, tomesd.remove_patch
-
-
 class _NoAttention:
     """An attention processor that contributes nothing (the block keeps only its residual)."""
 
@@ -404,9 +390,6 @@ class _NoAttention:
         self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: object, **kwargs: object
     ) -> torch.Tensor:
         return torch.zeros_like(hidden_states)
-
-
-Apply = Callable[[torch.nn.Module], object]
 
 
 def _without_self_attention(prefixes: Callable[[torch.nn.Module], tuple[str, ...]]) -> tuple[Apply, Apply]:
@@ -477,7 +460,7 @@ def reference_methods(denoiser: str = "unet") -> dict[str, tuple[Apply, Apply]]:
         "downsample_kv nearest": tome(mode="downsample_kv", kv_pool="nearest"),
     }
     try:
-        methods["tomesd r=0.5"] = _tomesd(0.5)
+        methods["tomesd r=0.5"] = tomesd_patch(0.5)
     except ImportError:
         pass
     methods["reference: no top-level self-attention"] = _without_self_attention(_unet_top_level)
@@ -565,16 +548,17 @@ TRAINED_COLUMNS: dict[str, tuple[str, str]] = {
 }
 
 
-def bench_denoiser(family: Family | None) -> str:
-    """The shipped denoiser whose columns a bench of this model family gets: `"dit"` for diffusion
-    transformers (PixArt, SD3, Flux rows are measured on the PixArt-shaped DiT), else `"unet"`.
+def bench_denoiser(family: Family | str | None) -> str:
+    """The shipped denoiser that measures a model family (a `Family` or its name): `"dit"` for diffusion
+    transformers (PixArt, SD3, Flux are measured on the PixArt-shaped DiT), else `"unet"`.
 
     Example:
         >>> from tome_processors.families import FAMILIES
-        >>> bench_denoiser(FAMILIES["flux"]()), bench_denoiser(None)
-        ('dit', 'unet')
+        >>> bench_denoiser(FAMILIES["flux"]()), bench_denoiser("sd3"), bench_denoiser(None)
+        ('dit', 'dit', 'unet')
     """
-    return "unet" if family is None or family.name == "unet" else "dit"
+    name = family if family is None or isinstance(family, str) else family.name
+    return "unet" if name in (None, "unet") else "dit"
 
 
 def trained_quality_metrics(denoiser: str = "unet", **probe_options: Any) -> Callable[[Method], dict[str, float]]:

@@ -15,14 +15,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from diffusers import DDIMScheduler
 
+from .engine import Apply, relative_error
 from .quality import context_dim, context_embedding, heldout_crops, load_denoiser, predict_noise, psnr
-
-Apply = Callable[[torch.nn.Module], object]
 
 
 class SamplingProbe:
@@ -106,6 +103,6 @@ class SamplingProbe:
             finally:
                 if remove is not None:
                     remove(self.model)
-        change = float((result.double() - base.double()).norm() / base.double().norm())
+        change = relative_error(result, base)
         value = psnr(result, self.crops)
         return {"image_change": change, "psnr": value, "psnr_drop": psnr(base, self.crops) - value}

@@ -10,9 +10,9 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from PIL import Image, ImageDraw
+from PIL import Image
 
-from ..bench.report import format_number, json_safe
+from ..bench.report import format_number, json_safe, save_grid
 from .engine import EvalConfig, EvalRow, summarize
 
 
@@ -121,22 +121,15 @@ def _plots(summary: list[dict[str, Any]], out_dir: Path) -> dict[str, Path]:
 
 
 def _grids(rows: Sequence[EvalRow], configs: Sequence[EvalConfig], out_dir: Path) -> dict[str, Path]:
+    """Per prompt, its images in a grid: a row per seed, a column per configuration."""
     paths = {}
     names = [c.name for c in configs]
     for prompt_index in sorted({r.prompt_index for r in rows}):
-        mine = [r for r in rows if r.prompt_index == prompt_index]
-        seeds = sorted({r.seed for r in mine})
-        first = Image.open(out_dir / mine[0].image_path)
-        w, h = first.size
-        label = 14
-        grid = Image.new("RGB", (w * len(names), (h + label) * len(seeds)), "white")
-        draw = ImageDraw.Draw(grid)
-        for row in mine:
-            x, y = names.index(row.config) * w, seeds.index(row.seed) * (h + label)
-            grid.paste(Image.open(out_dir / row.image_path).convert("RGB"), (x, y + label))
-            draw.text((x + 2, y + 1), f"{row.config} s{row.seed} {row.seconds:.1f}s", fill="black")
+        mine = sorted(
+            (r for r in rows if r.prompt_index == prompt_index), key=lambda r: (r.seed, names.index(r.config))
+        )
+        images = [Image.open(out_dir / row.image_path) for row in mine]
+        labels = [f"{row.config} s{row.seed}\n{row.seconds:.1f} s" for row in mine]
         path = out_dir / "grids" / f"prompt_{prompt_index:03d}.png"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        grid.save(path)
-        paths[f"grid_{prompt_index:03d}"] = path
+        paths[f"grid_{prompt_index:03d}"] = save_grid(images, labels, path, columns=len(names))
     return paths
