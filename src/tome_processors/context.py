@@ -2,7 +2,9 @@
 
 `ModelState` holds what the model's forward tells us (latent size, timestep, step count) and the
 merges kept for reuse; `BlockState` holds, for one transformer block and one forward, the raw block
-input and the merges computed from it. Hooks fill and clear them; processors only read them.
+input and the merges computed from it; `HostSchedule` is a generation's timesteps on the host (for
+`ratio_start`); `AttentionSlot` tells a processor which block it sits in and whether it is self- or
+cross-attention. Hooks fill and clear them; processors only read them.
 """
 
 from __future__ import annotations

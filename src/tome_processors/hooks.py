@@ -13,7 +13,7 @@ Two kinds of hook, each where it serves:
   pipeline call, restoring the `forward` it saw first, which silently drops a diffusers
   `HookRegistry` wrapper installed after it (checked: such a hook ran in the first pipeline call
   only). Post-hooks with `always_call=True` clear a block's tensors even when the block raises.
-- One named, stateful diffusers `ModelHook` on the model holds the `ToMeContext` (no attribute of
+- One named, stateful diffusers `ModelHook` on the model holds the `ModelHooks` (no attribute of
   our own on the model) and gets diffusers' per-generation reset: every pipeline ends its
   `__call__` with `maybe_free_model_hooks()`, which calls `reset_stateful_hooks` on the denoiser.
   Its forward wrapper does nothing, so losing it to a rewrite of `forward` costs nothing.
@@ -73,8 +73,9 @@ def warn_if_merges_nothing(model: torch.nn.Module, config: ToMeConfig, stackleve
         )
 
 
-class ToMeContext:
-    """Everything ToMe added to one model, so that removal can take exactly that away.
+class ModelHooks:
+    """The merge context as installed on one model: its hooks, slots and state, so that removal can take
+    exactly that away (`context_of(model)` finds it).
 
     Attributes:
         model_state: the state the hooks fill and the processors read.
@@ -161,7 +162,7 @@ class _ContextHook(ModelHook):
 
     _is_stateful = True
 
-    def __init__(self, context: ToMeContext) -> None:
+    def __init__(self, context: ModelHooks) -> None:
         super().__init__()
         self.context = context
         self.wrapper: Any = None  # the `forward` the registry set on the model
@@ -176,14 +177,14 @@ def _registry(model: torch.nn.Module) -> HookRegistry | None:
     return registry if isinstance(registry, HookRegistry) else None
 
 
-def context_of(model: torch.nn.Module) -> ToMeContext | None:
-    """The `ToMeContext` installed on `model`, or None."""
+def context_of(model: torch.nn.Module) -> ModelHooks | None:
+    """The `ModelHooks` installed on `model`, or None."""
     registry = _registry(model)
     hook = registry.get_hook(HOOK_NAME) if registry is not None else None
     return hook.context if isinstance(hook, _ContextHook) else None
 
 
-def _register(model: torch.nn.Module, context: ToMeContext) -> None:
+def _register(model: torch.nn.Module, context: ModelHooks) -> None:
     context.created_registry = _REGISTRY_ATTR not in model.__dict__
     hook = _ContextHook(context)
     HookRegistry.check_if_exists_or_initialize(model).register_hook(hook, HOOK_NAME)
@@ -211,7 +212,7 @@ def _unregister(model: torch.nn.Module, hook: _ContextHook, created_registry: bo
         del model.__dict__[_REGISTRY_ATTR]
 
 
-def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, processor_type: type) -> ToMeContext:
+def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, processor_type: type) -> ModelHooks:
     """Install the merge context on `model`: a model pre-hook and hooks on every block of its family.
 
     `processor_type` is the processor class that reads the slots: the context stands down at the
@@ -222,7 +223,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
     state = ModelState(
         config=config, auto_downsample=family.auto_downsample(model), needs_row_token=family.needs_row_token
     )
-    context = ToMeContext(state, family, processor_type)
+    context = ModelHooks(state, family, processor_type)
     context.watched = attention_modules(model)
 
     def model_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -249,7 +250,7 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict) -> None:
     block_state.metric = hidden_states if isinstance(hidden_states, torch.Tensor) else None
 
 
-def _install_block(context: ToMeContext, site: BlockSite, block_state: BlockState, config: ToMeConfig) -> None:
+def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState, config: ToMeConfig) -> None:
     def block_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         enter_block(block_state, args, kwargs)
 
@@ -269,7 +270,7 @@ def _install_block(context: ToMeContext, site: BlockSite, block_state: BlockStat
 
 
 def _install_feed_forward(
-    context: ToMeContext, ff: torch.nn.Module, block_state: BlockState, config: ToMeConfig
+    context: ModelHooks, ff: torch.nn.Module, block_state: BlockState, config: ToMeConfig
 ) -> None:
     # The feed-forward is no attention module, so it gets a pre-hook (merge) and a hook (unmerge).
     def ff_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
