@@ -11,6 +11,8 @@ Nothing in the library imports this package. Modules, in the order a run uses th
 - `report`: markdown table, JSON, plot, image grid; `generate`: whole generations timed (`--pipeline`),
   on a random-weight pipeline from `pipelines` or a loaded one;
 - `meta`: device, dtype, versions and machine of a run.
+
+`run` puts them together: `run_bench(BenchRequest(...))` is one whole `tome-processors bench`.
 """
 
 from .engine import BenchSettings, Method, Row, run_benchmark

@@ -20,23 +20,16 @@ architecture's pipeline with random weights, or on `--model`'s: seconds per imag
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.util
 import shlex
 import sys
-import time
 from typing import Any
 
 import torch
 
-from ..bench.engine import BenchSettings, Method, run_benchmark
-from ..bench.generate import generation_table, save_generation_grid, save_generation_json, time_generations
-from ..bench.meta import machine, resolve_device, resolve_dtype, versions
-from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES, pick_methods
-from ..bench.models import BenchModel, build_model
+from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES
 from ..bench.pipelines import TEXT_ENCODER_SIZES
-from ..bench.quality import TRAINED_COLUMNS, bench_denoiser, trained_quality_metrics
-from ..bench.report import markdown_table, meta_lines, save_json, save_plot
+from ..bench.run import BenchRequest, run_bench
 from ..config import PRESETS, ToMeConfig
 
 #: `--compile` without a mode.
@@ -101,12 +94,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     how = parser.add_argument_group("how to measure")
     how.add_argument("--rounds", type=int, default=None, help="timed rounds (default 3, 5 with --full)")
-    how.add_argument("--warmup", type=int, default=1, help="untimed forwards per method first")
-    how.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    how.add_argument("--warmup", type=int, default=BenchRequest.warmup, help="untimed forwards per method first")
+    how.add_argument("--device", default=BenchRequest.device, help="auto, cpu, cuda, cuda:1, mps")
     how.add_argument(
         "--dtype",
         choices=["auto", "float32", "float16", "bfloat16"],
-        default="auto",
+        default=BenchRequest.dtype,
         help="auto: float16 on CUDA, float32 elsewhere",
     )
     how.add_argument(
@@ -121,10 +114,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     how.add_argument(
         "--compile-backend",
-        default="inductor",
+        default=BenchRequest.compile_backend,
         help="the torch.compile backend; 'eager' or 'aot_eager' only trace (graph breaks, recompiles)",
     )
-    how.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    how.add_argument("--seed", type=int, default=BenchRequest.seed, help="seed of the random weights and inputs")
     how.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     how.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
     how.add_argument("--no-host-cost", action="store_true", help="skip counting aten ops, syncs and kernels")
@@ -136,7 +129,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument(
         "--plot-error",
         choices=["random", "trained"],
-        default="random",
+        default=BenchRequest.plot_error,
         help="the plot's x axis: the random-weight output error, or the trained denoiser's noise-prediction change",
     )
 
@@ -154,10 +147,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="random-weight --pipeline only: the real text encoders' shapes (full, the default) or their widths "
         "with 2 layers each (small: T5-XXL alone is 19 GB in float32)",
     )
-    gen.add_argument("--prompt", default="a photo of an astronaut riding a horse on mars")
-    gen.add_argument("--steps", type=int, default=20, help="denoising steps per generation")
-    gen.add_argument("--guidance-scale", type=float, default=7.5)
-    gen.add_argument("--grid", default="tome-bench-grid.png", metavar="PATH", help="where to save the image grid")
+    gen.add_argument("--prompt", default=BenchRequest.prompt)
+    gen.add_argument("--steps", type=int, default=BenchRequest.steps, help="denoising steps per generation")
+    gen.add_argument("--guidance-scale", type=float, default=BenchRequest.guidance_scale)
+    gen.add_argument("--grid", default=BenchRequest.grid_path, metavar="PATH", help="where to save the image grid")
 
 
 def _resolve_defaults(args: argparse.Namespace) -> None:
@@ -230,61 +223,23 @@ def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
         fail(f"Expected --resolution to be a multiple of 16 for the {args.arch} pipeline, but got {args.resolution}.")
 
 
-def _meta(
-    args: argparse.Namespace, device: torch.device, dtype: torch.dtype, model: str, resolution: int, started: float
-) -> dict:
-    return {
-        "command": "tome-processors " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "model": model,
-        "resolution": resolution,
-        "batch": args.batch,
-        "device": str(device),
-        "dtype": str(dtype).replace("torch.", ""),
-        "rounds": args.rounds,
-        "warmup": args.warmup,
-        "wall_seconds": round(time.perf_counter() - started, 1),
-        "compile": None if args.compile is None else f"{args.compile} ({args.compile_backend})",
-        "machine": machine(device),
-        "torch_threads": torch.get_num_threads(),
-        **versions(),
-        "memory": "CUDA allocator peak" if device.type == "cuda" else "peak resident set (psutil, sampled every 1 ms)",
-    }
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark, print the table, write the optional files. Returns an exit code."""
-    started = time.perf_counter()
-    parser = getattr(args, "parser", None)
-    args.argv = getattr(args, "argv", None)
-    _resolve_defaults(args)
-    _check(args, parser.error if parser is not None else _exit_2)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-
-    bench = build_model(
-        args.model,
-        args.arch,
-        args.quick,
-        args.pipeline,
-        args.resolution,
-        args.batch or 2,
-        args.seed,
-        device,
-        dtype,
-        text_encoders=args.text_encoders or "full",
-    )
-    modes = [m for m in args.modes if m != "none"]
-    presets = [p for p in args.presets if p != "none"]
-    methods, notes = pick_methods(
-        bench.model, bench.family, args.ratios, modes, with_tomesd=not args.no_tomesd, presets=presets
-    )
-    for note in notes:
-        print(f"note: {note}", file=sys.stderr)
-
-    settings = BenchSettings(
+def _request(args: argparse.Namespace) -> BenchRequest:
+    """The run the checked options describe; `--modes none` and `--presets none` become no rows."""
+    return BenchRequest(
+        model=args.model,
+        arch=args.arch,
+        quick=args.quick,
+        pipeline=args.pipeline,
+        resolution=args.resolution,
+        batch=args.batch,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        threads=args.threads,
+        ratios=tuple(args.ratios),
+        modes=tuple(m for m in args.modes if m != "none"),
+        presets=tuple(p for p in args.presets if p != "none"),
+        with_tomesd=not args.no_tomesd,
         rounds=args.rounds,
         warmup=args.warmup,
         measure_memory=not args.no_memory,
@@ -292,74 +247,26 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         compile=args.compile,
         compile_backend=args.compile_backend,
-    )
-    if args.pipeline:
-        return _run_pipeline(args, bench, methods, settings, device, dtype, started)
-    denoiser = bench_denoiser(bench.family)  # transformer rows are measured on the trained DiT
-    extra_metrics = None
-    if not args.no_trained_quality:
-        if importlib.util.find_spec("skimage") is None:
-            print('note: the trained-denoiser columns need scikit-image: pip install "tome-processors[bench]".')
-        else:
-            extra_metrics = trained_quality_metrics(denoiser)
-    elif args.plot_error == "trained":
-        print("note: --plot-error trained needs the trained-quality columns; plotting the random-weight error.")
-    rows = run_benchmark(bench.model, methods, bench.forward, settings, extra_metrics=extra_metrics)
-    meta = _meta(args, device, dtype, bench.description, bench.resolution, started)
-
-    print(markdown_table(rows))
-    print()
-    print(meta_lines(meta))
-    if args.json:
-        print(f"JSON: {save_json(rows, meta, args.json)}")
-    if args.plot:
-        title = f"{bench.description}, {bench.resolution} px, batch {args.batch}, {meta['dtype']} on {device.type}"
-        error_key = TRAINED_COLUMNS[denoiser][0] if args.plot_error == "trained" and extra_metrics is not None else None
-        print(f"plot: {save_plot(rows, args.plot, title, error_key=error_key)}")
-    return 0
-
-
-def _run_pipeline(
-    args: argparse.Namespace,
-    bench: BenchModel,
-    methods: list[Method],
-    settings: BenchSettings,
-    device: torch.device,
-    dtype: torch.dtype,
-    started: float,
-) -> int:
-    """`--pipeline`: time whole generations per method, print the table, save the grid and the JSON."""
-    run = time_generations(
-        bench.pipe,
-        methods,
-        args.prompt,
-        args.steps,
-        args.guidance_scale,
-        bench.resolution,
-        args.seed,
-        settings,
-        bench.call_kwargs,
-    )
-    meta = _meta(args, device, dtype, bench.description, bench.resolution, started)
-    meta.update(
-        batch=run.rows[0].denoiser_batch,
-        pipeline=type(bench.pipe).__name__,
-        components=dict(bench.components),
+        trained_quality=not args.no_trained_quality,
+        plot_error=args.plot_error,
+        json_path=args.json,
+        plot_path=args.plot,
+        grid_path=args.grid,
+        text_encoders=args.text_encoders,
         prompt=args.prompt,
         steps=args.steps,
-        denoiser_calls=run.rows[0].denoiser_calls,
         guidance_scale=args.guidance_scale,
-        seconds="per image: one generation end to end; per step: inside the denoiser, per denoiser call",
+        command="tome-processors " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
     )
-    print(generation_table(run.rows))
-    print()
-    print(meta_lines({key: value for key, value in meta.items() if key != "components"}))
-    print("- components:")
-    print("\n".join(f"  - {name}: {what}" for name, what in bench.components.items()))
-    if args.json:
-        print(f"JSON: {save_generation_json(run.rows, meta, args.json)}")
-    print(f"grid: {save_generation_grid(run, args.grid)}")
-    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the options (exit code 2 for bad ones), then run the benchmark (`bench.run.run_bench`)."""
+    parser = getattr(args, "parser", None)
+    args.argv = getattr(args, "argv", None)
+    _resolve_defaults(args)
+    _check(args, parser.error if parser is not None else _exit_2)
+    return run_bench(_request(args))
 
 
 def _exit_2(message: str) -> None:

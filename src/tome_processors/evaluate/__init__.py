@@ -1,4 +1,5 @@
-"""`tome-processors eval`: quality against speed on real prompts (`engine`), written out by `report`.
+"""`tome-processors eval`: quality against speed on real prompts (`engine`), written out by `report`;
+`run` is one whole run (`run_evaluation(EvalRequest(...))`).
 
 Nothing in the library imports this package.
 """

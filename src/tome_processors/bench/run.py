@@ -1,0 +1,250 @@
+"""One whole `tome-processors bench` run, from resolved options to the printed tables and written files.
+
+The command (`cli.bench_command`) parses and checks the options, fills a `BenchRequest` and calls
+`run_bench`, which does the rest: device and dtype, threads, the model (`models.build_model`), the rows
+(`methods.pick_methods`), the trained-denoiser columns (`quality`), the measurement (`engine.run_benchmark`,
+or `generate.time_generations` with `pipeline`), the run's metadata (`meta`), and the report (`report`).
+
+Example:
+    >>> request = BenchRequest(quick=True, ratios=(0.5,), presets=(), with_tomesd=False, rounds=1)
+    >>> request.batch, request.command
+    (2, 'tome-processors bench')
+    >>> run_bench(request)  # doctest: +SKIP
+    | method | ratio | ...
+    0
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .engine import BenchSettings, Method, run_benchmark
+from .generate import generation_table, save_generation_grid, save_generation_json, time_generations
+from .meta import dtype_name, machine, resolve_device, resolve_dtype, versions
+from .methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, pick_methods
+from .models import BenchModel, build_model
+from .quality import TRAINED_COLUMNS, bench_denoiser, trained_quality_metrics
+from .report import markdown_table, meta_lines, save_json, save_plot
+
+__all__ = ["BenchRequest", "run_bench"]
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One bench run, every option resolved (the defaults are the command's without `--full`).
+
+    Attributes:
+        model: a local diffusers folder or a hub id; None for an architecture with random weights.
+        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3` or `flux` (None: sd15 when no `model`).
+        quick: a tiny model of the architecture's layout.
+        pipeline: time whole generations (`generate.time_generations`) instead of single forwards.
+        resolution: image side in pixels (None: the model's own).
+        batch: the forward's batch (None with `pipeline`: the pipeline's).
+        seed: seeds the random weights, inputs and generations.
+        device: `"auto"`, `"cpu"`, `"cuda"`, `"cuda:1"`, `"mps"` (`meta.resolve_device`).
+        dtype: `"auto"` or a torch dtype name (`meta.resolve_dtype`).
+        threads: torch CPU threads (None: torch's choice).
+        ratios, modes, presets: the rows (`methods.pick_methods`); no `"none"` in them.
+        with_tomesd: add tomesd's rows when it is installed.
+        rounds, warmup, measure_memory, host_cost, progress, compile, compile_backend: as in `BenchSettings`.
+        trained_quality: add the columns measured on the shipped trained denoiser (needs scikit-image).
+        plot_error: the plot's x axis, `"random"` or `"trained"`.
+        json_path, plot_path: where to write the JSON and the plot (None: not written).
+        grid_path: with `pipeline`, where to save the image grid.
+        text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
+        prompt, steps, guidance_scale: with `pipeline`, each generation's.
+        command: the command line, for the metadata.
+    """
+
+    model: str | None = None
+    arch: str | None = None
+    quick: bool = False
+    pipeline: bool = False
+    resolution: int | None = None
+    batch: int | None = 2
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    threads: int | None = None
+    ratios: tuple[float, ...] = DEFAULT_RATIOS
+    modes: tuple[str, ...] = DEFAULT_MODES
+    presets: tuple[str, ...] = DEFAULT_PRESETS
+    with_tomesd: bool = True
+    rounds: int = 3
+    warmup: int = 1
+    measure_memory: bool = True
+    host_cost: bool = True
+    progress: bool = True
+    compile: str | None = None
+    compile_backend: str = "inductor"
+    trained_quality: bool = True
+    plot_error: str = "random"
+    json_path: str | None = None
+    plot_path: str | None = None
+    grid_path: str = "tome-bench-grid.png"
+    text_encoders: str | None = None
+    prompt: str = "a photo of an astronaut riding a horse on mars"
+    steps: int = 20
+    guidance_scale: float = 7.5
+    command: str = "tome-processors bench"
+
+
+def run_bench(request: BenchRequest) -> int:
+    """Run the benchmark `request` describes, print the table and the metadata, write the files it names.
+
+    Notes (rows left out) go to stderr. Returns the exit code, 0.
+
+    Example:
+        >>> run_bench(BenchRequest(quick=True, json_path="bench.json"))  # doctest: +SKIP
+        | method | ratio | ...
+        0
+    """
+    started = time.perf_counter()
+    if request.threads is not None:
+        torch.set_num_threads(request.threads)
+    device = resolve_device(request.device)
+    dtype = resolve_dtype(request.dtype, device)
+
+    bench = build_model(
+        request.model,
+        request.arch,
+        request.quick,
+        request.pipeline,
+        request.resolution,
+        request.batch or 2,
+        request.seed,
+        device,
+        dtype,
+        text_encoders=request.text_encoders or "full",
+    )
+    methods, notes = pick_methods(
+        bench.model,
+        bench.family,
+        list(request.ratios),
+        list(request.modes),
+        with_tomesd=request.with_tomesd,
+        presets=list(request.presets),
+    )
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+
+    settings = BenchSettings(
+        rounds=request.rounds,
+        warmup=request.warmup,
+        measure_memory=request.measure_memory,
+        host_cost=request.host_cost,
+        progress=request.progress,
+        compile=request.compile,
+        compile_backend=request.compile_backend,
+    )
+    if request.pipeline:
+        return _run_pipeline(request, bench, methods, settings, device, dtype, started)
+    return _run_forwards(request, bench, methods, settings, device, dtype, started)
+
+
+def _run_forwards(
+    request: BenchRequest,
+    bench: BenchModel,
+    methods: list[Method],
+    settings: BenchSettings,
+    device: torch.device,
+    dtype: torch.dtype,
+    started: float,
+) -> int:
+    """Single forwards: the rows with the trained-denoiser columns, the table, the JSON and the plot."""
+    denoiser = bench_denoiser(bench.family)  # transformer rows are measured on the trained DiT
+    extra_metrics = None
+    if request.trained_quality:
+        if importlib.util.find_spec("skimage") is None:
+            print('note: the trained-denoiser columns need scikit-image: pip install "tome-processors[bench]".')
+        else:
+            extra_metrics = trained_quality_metrics(denoiser)
+    elif request.plot_error == "trained":
+        print("note: --plot-error trained needs the trained-quality columns; plotting the random-weight error.")
+    rows = run_benchmark(bench.model, methods, bench.forward, settings, extra_metrics=extra_metrics)
+    meta = _meta(request, device, dtype, bench, started)
+
+    print(markdown_table(rows))
+    print()
+    print(meta_lines(meta))
+    if request.json_path:
+        print(f"JSON: {save_json(rows, meta, request.json_path)}")
+    if request.plot_path:
+        title = f"{bench.description}, {bench.resolution} px, batch {request.batch}, {meta['dtype']} on {device.type}"
+        trained = request.plot_error == "trained" and extra_metrics is not None
+        error_key = TRAINED_COLUMNS[denoiser][0] if trained else None
+        print(f"plot: {save_plot(rows, request.plot_path, title, error_key=error_key)}")
+    return 0
+
+
+def _run_pipeline(
+    request: BenchRequest,
+    bench: BenchModel,
+    methods: list[Method],
+    settings: BenchSettings,
+    device: torch.device,
+    dtype: torch.dtype,
+    started: float,
+) -> int:
+    """`pipeline`: time whole generations per method, print the table, save the grid and the JSON."""
+    run = time_generations(
+        bench.pipe,
+        methods,
+        request.prompt,
+        request.steps,
+        request.guidance_scale,
+        bench.resolution,
+        request.seed,
+        settings,
+        bench.call_kwargs,
+    )
+    meta = _meta(request, device, dtype, bench, started)
+    meta.update(
+        batch=run.rows[0].denoiser_batch,
+        pipeline=type(bench.pipe).__name__,
+        components=dict(bench.components),
+        prompt=request.prompt,
+        steps=request.steps,
+        denoiser_calls=run.rows[0].denoiser_calls,
+        guidance_scale=request.guidance_scale,
+        seconds="per image: one generation end to end; per step: inside the denoiser, per denoiser call",
+    )
+    print(generation_table(run.rows))
+    print()
+    print(meta_lines({key: value for key, value in meta.items() if key != "components"}))
+    print("- components:")
+    print("\n".join(f"  - {name}: {what}" for name, what in bench.components.items()))
+    if request.json_path:
+        print(f"JSON: {save_generation_json(run.rows, meta, request.json_path)}")
+    print(f"grid: {save_generation_grid(run, request.grid_path)}")
+    return 0
+
+
+def _meta(
+    request: BenchRequest, device: torch.device, dtype: torch.dtype, bench: BenchModel, started: float
+) -> dict[str, Any]:
+    """The run's metadata: the command, model, settings, machine and versions."""
+    return {
+        "command": request.command,
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "model": bench.description,
+        "resolution": bench.resolution,
+        "batch": request.batch,
+        "device": str(device),
+        "dtype": dtype_name(dtype),
+        "rounds": request.rounds,
+        "warmup": request.warmup,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "compile": None if request.compile is None else f"{request.compile} ({request.compile_backend})",
+        "machine": machine(device),
+        "torch_threads": torch.get_num_threads(),
+        **versions(),
+        "memory": "CUDA allocator peak" if device.type == "cuda" else "peak resident set (psutil, sampled every 1 ms)",
+    }
