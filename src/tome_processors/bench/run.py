@@ -21,7 +21,7 @@ import importlib.util
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -144,21 +144,24 @@ def run_bench(request: BenchRequest) -> int:
         compile=request.compile,
         compile_backend=request.compile_backend,
     )
-    if request.pipeline:
-        return _run_pipeline(request, bench, methods, settings, device, dtype, started)
-    return _run_forwards(request, bench, methods, settings, device, dtype, started)
+    prepared = _Prepared(bench, methods, settings, device, dtype, started)
+    return _run_pipeline(request, prepared) if request.pipeline else _run_forwards(request, prepared)
 
 
-def _run_forwards(
-    request: BenchRequest,
-    bench: BenchModel,
-    methods: list[Method],
-    settings: BenchSettings,
-    device: torch.device,
-    dtype: torch.dtype,
-    started: float,
-) -> int:
+class _Prepared(NamedTuple):
+    """What both kinds of run start from: the model, the rows, the settings, where and since when."""
+
+    bench: BenchModel
+    methods: list[Method]
+    settings: BenchSettings
+    device: torch.device
+    dtype: torch.dtype
+    started: float
+
+
+def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
     """Single forwards: the rows with the trained-denoiser columns, the table, the JSON and the plot."""
+    bench, methods, settings, device, dtype, started = run
     denoiser = bench_denoiser(bench.family)  # transformer rows are measured on the trained DiT
     extra_metrics = None
     if request.trained_quality:
@@ -184,17 +187,10 @@ def _run_forwards(
     return 0
 
 
-def _run_pipeline(
-    request: BenchRequest,
-    bench: BenchModel,
-    methods: list[Method],
-    settings: BenchSettings,
-    device: torch.device,
-    dtype: torch.dtype,
-    started: float,
-) -> int:
+def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
     """`pipeline`: time whole generations per method, print the table, save the grid and the JSON."""
-    run = time_generations(
+    bench, methods, settings, device, dtype, started = run
+    generations = time_generations(
         bench.pipe,
         methods,
         request.prompt,
@@ -207,23 +203,23 @@ def _run_pipeline(
     )
     meta = _meta(request, device, dtype, bench, started)
     meta.update(
-        batch=run.rows[0].denoiser_batch,
+        batch=generations.rows[0].denoiser_batch,
         pipeline=type(bench.pipe).__name__,
         components=dict(bench.components),
         prompt=request.prompt,
         steps=request.steps,
-        denoiser_calls=run.rows[0].denoiser_calls,
+        denoiser_calls=generations.rows[0].denoiser_calls,
         guidance_scale=request.guidance_scale,
         seconds="per image: one generation end to end; per step: inside the denoiser, per denoiser call",
     )
-    print(generation_table(run.rows))
+    print(generation_table(generations.rows))
     print()
     print(meta_lines({key: value for key, value in meta.items() if key != "components"}))
     print("- components:")
     print("\n".join(f"  - {name}: {what}" for name, what in bench.components.items()))
     if request.json_path:
-        print(f"JSON: {save_generation_json(run.rows, meta, request.json_path)}")
-    print(f"grid: {save_generation_grid(run, request.grid_path)}")
+        print(f"JSON: {save_generation_json(generations.rows, meta, request.json_path)}")
+    print(f"grid: {save_generation_grid(generations, request.grid_path)}")
     return 0
 
 
