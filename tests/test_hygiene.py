@@ -10,6 +10,7 @@ import torch
 from diffusers.models.attention_processor import AttnProcessor2_0
 
 from tome_processors import apply_tome, remove_tome
+from tome_processors import merge as merge_module
 from tome_processors.hooks import context_of
 
 from models import run_unet, tiny_unet, unet_inputs
@@ -87,6 +88,21 @@ def test_many_forwards_do_not_grow_memory():
     growth = process.memory_info().rss - before
     assert growth < 32 * 2**20, f"resident memory grew by {growth / 2**20:.1f} MiB over 500 forwards"
     assert_no_tensors_held(unet)
+
+
+def test_removal_lets_the_merge_buffers_go():
+    # Merges sum into kept zero tensors (device memory on a GPU); removing ToMe lets them go, and the next
+    # application's merges make their own again with the same output.
+    unet = tiny_unet("sd15")
+    inputs = unet_inputs(unet, 2, 8, 8)
+    apply_tome(unet, ratio=0.5)
+    first = run_unet(unet, *inputs)
+    assert merge_module._ZEROS
+    remove_tome(unet)
+    assert not merge_module._ZEROS
+    apply_tome(unet, ratio=0.5)
+    torch.testing.assert_close(run_unet(unet, *inputs), first, rtol=0, atol=0)
+    remove_tome(unet)
 
 
 def test_two_models_with_different_configs_do_not_interfere():

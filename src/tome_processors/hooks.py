@@ -42,6 +42,7 @@ from .arguments import argument
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot, BlockState, HostSchedule, ModelState
 from .families import BlockSite, Family, attention_levels, family_of
+from .merge import release_buffers
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +148,7 @@ class ModelHooks:
         if self.hook is not None:
             _unregister(model, self.hook, self.created_registry)
             self.hook = None
+        release_buffers()  # the merges' zero tensors (device memory); another model's merges make theirs again
 
     def stand_down(self, model: torch.nn.Module) -> None:
         """No ToMe processor is left in `model`: take everything away (or, while compiling, merge nothing)."""

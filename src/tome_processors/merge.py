@@ -35,6 +35,7 @@ __all__ = [
     "grid_partition",
     "match",
     "pool_tokens",
+    "release_buffers",
     "window_choice",
     "window_mix",
 ]
@@ -489,8 +490,14 @@ def _ones(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
 
 
 #: Zero tensors that out-of-place `index_add` sums into: one op per merge where `new_zeros` and `index_add_`
-#: took two. They can be large (rows x channels), so few are kept.
+#: took two. They can be megabytes each on a GPU (rows x channels), so few are kept, and removing ToMe from
+#: a model lets them go (`release_buffers`).
 _ZEROS: dict[tuple, torch.Tensor] = {}
+
+
+def release_buffers() -> None:
+    """Drop the kept zero tensors that merges sum into; the next merge makes its own again."""
+    _ZEROS.clear()
 
 
 def _zeros(rows: int, channels: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
