@@ -1,0 +1,78 @@
+"""Model families: where the blocks are, where the image tokens are, and each family's defaults.
+
+Everything that differs between a UNet and a diffusion transformer lives here, so the hooks and
+the processor stay generic. A family answers four questions about a model:
+
+1. Which blocks hold attention over image tokens, and how each attention module lays out its
+   tokens (`Layout`): image tokens alone, image tokens with the text passed separately (joint
+   attention), or text and image tokens concatenated with the text first.
+2. The token grid of the current forward, read from the model's arguments.
+3. The timestep of the current forward, on the 0..1000 scale.
+4. The default `ToMeConfig` fields and the presets (`"exact"`, `"balanced"`, `"fast"`), chosen per family
+   from measured speed and quality (docs/options.md); `ToMeConfig.for_model` builds configs from them.
+
+Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
+`PixArtTransformer2DModel`, `SD3Transformer2DModel` and `FluxTransformer2DModel`.
+
+Example:
+    >>> from tome_processors.families import family_of
+    >>> family_of(pixart_transformer).name  # doctest: +SKIP
+    'pixart'
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .base import AttentionSite, BlockSite, Family, Layout, is_mergeable_attention, max_downsample_for_levels
+from .dit import PixArtFamily, SD3Family
+from .flux import FluxFamily, grid_from_ids
+from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
+
+__all__ = [
+    "FAMILIES",
+    "AttentionSite",
+    "BlockSite",
+    "Family",
+    "FluxFamily",
+    "Layout",
+    "PixArtFamily",
+    "SD3Family",
+    "UNetFamily",
+    "attention_levels",
+    "family_of",
+    "find_family",
+    "grid_from_ids",
+    "is_mergeable_attention",
+    "max_downsample_for_levels",
+    "spatial_transformer_blocks",
+]
+
+
+#: Every supported family by name, in the order `find_family` tries them (the UNet family, which
+#: matches any model with spatial transformer blocks, last). Adding a `Family` subclass here supports it.
+FAMILIES: dict[str, type[Family]] = {cls.name: cls for cls in (PixArtFamily, SD3Family, FluxFamily, UNetFamily)}
+
+#: Diffusion transformers that ToMe does not know, named in the error so users see why.
+_SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Transformer2DModel), " + ", ".join(
+    ("PixArtTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel")
+)
+
+
+def find_family(model: torch.nn.Module) -> Family | None:
+    """A fresh `Family` for `model`, or None when ToMe does not support it."""
+    for cls in FAMILIES.values():
+        family = cls()
+        if family.matches(model):
+            return family
+    return None
+
+
+def family_of(model: Any) -> Family:
+    """The `Family` of `model`; a `ValueError` naming the model's class when it is not supported."""
+    family = find_family(model) if isinstance(model, torch.nn.Module) else None
+    if family is None:
+        raise ValueError(f"Expected a supported model family ({_SUPPORTED}), but got {type(model).__name__}.")
+    return family

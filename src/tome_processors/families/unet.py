@@ -1,0 +1,79 @@
+"""UNets (SD1.x, SD2.x, SDXL): `BasicTransformerBlock`s inside `Transformer2DModel`s."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers.models.attention import BasicTransformerBlock
+from diffusers.models.transformers.transformer_2d import Transformer2DModel
+
+from ..arguments import argument
+from .base import AttentionSite, BlockSite, Family, is_mergeable_attention, max_downsample_for_levels
+
+
+def spatial_transformer_blocks(model: torch.nn.Module) -> list[BasicTransformerBlock]:
+    """The `BasicTransformerBlock`s that attend over image tokens, in module order.
+
+    Only blocks inside a `Transformer2DModel` count: the same block class inside temporal
+    transformers (AnimateDiff motion modules) attends over frames, and merging would mix them.
+    """
+    blocks: list[BasicTransformerBlock] = []
+    for module in model.modules():
+        if isinstance(module, Transformer2DModel):
+            blocks.extend(b for b in module.transformer_blocks if isinstance(b, BasicTransformerBlock))
+    return blocks
+
+
+def attention_levels(model: torch.nn.Module) -> list[int]:
+    """Downsample factors of the UNet levels whose down block has attention (e.g. [1, 2, 4] on SD1.5)."""
+    down_blocks = getattr(model, "down_blocks", None)
+    if down_blocks is None:
+        return []
+    return [2**i for i, block in enumerate(down_blocks) if len(getattr(block, "attentions", None) or []) > 0]
+
+
+class UNetFamily(Family):
+    """UNets (SD1.x, SD2.x, SDXL) and any model with `BasicTransformerBlock`s in `Transformer2DModel`s."""
+
+    name = "unet"
+    input_name = "sample"
+    timestep_position = 1
+    defaults: dict[str, Any] = {}  # tomesd's defaults
+    presets: dict[str, dict[str, Any]] = {
+        "exact": {},
+        "balanced": {"mode": "downsample_kv", "kv_pool": "nearest"},
+        # The first two attention levels: max_downsample from the model's first level (preset_options).
+        "fast": {"mode": "downsample_kv", "kv_pool": "nearest", "kv_factor": 4},
+    }
+
+    def preset_options(self, name: str, model: torch.nn.Module | None = None) -> dict[str, Any]:
+        options = super().preset_options(name, model)
+        if name == "fast":
+            first_level = self.auto_downsample(model) if model is not None else 1
+            options["max_downsample"] = max_downsample_for_levels(first_level, 2)
+        return options
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        return bool(spatial_transformer_blocks(model))
+
+    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        sites = []
+        for block in spatial_transformer_blocks(model):
+            attentions = tuple(
+                AttentionSite(attn, is_cross)
+                for attn, is_cross in ((block.attn1, block.only_cross_attention), (block.attn2, True))
+                if attn is not None and is_mergeable_attention(attn)
+            )
+            sites.append(BlockSite(block, attentions, getattr(block, "ff", None)))
+        return sites
+
+    def auto_downsample(self, model: torch.nn.Module) -> int:
+        levels = attention_levels(model)
+        return min(levels) if levels else 1
+
+    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
+        sample = argument(args, kwargs, 0, "sample")
+        if not isinstance(sample, torch.Tensor) or sample.ndim < 4:
+            return None
+        return int(sample.shape[-2]), int(sample.shape[-1])
