@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .caches import cache_methods, cache_quality, cache_quality_table, supports_caches
 from .engine import BenchSettings, Method, run_benchmark
 from .generate import generation_table, save_generation_grid, save_generation_json, time_generations
 from .meta import dtype_name, machine, resolve_device, resolve_dtype, versions
@@ -59,6 +60,7 @@ class BenchRequest:
         json_path, plot_path: where to write the JSON and the plot (None: not written).
         grid_path: with `pipeline`, where to save the image grid.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
+        cache: with `pipeline`, one of diffusers' step caches (`caches.CACHES`), timed alone and with each preset.
         prompt, steps, guidance_scale: with `pipeline`, each generation's.
         command: the command line, for the metadata.
     """
@@ -90,6 +92,7 @@ class BenchRequest:
     plot_path: str | None = None
     grid_path: str = "tome-bench-grid.png"
     text_encoders: str | None = None
+    cache: str | None = None
     prompt: str = "a photo of an astronaut riding a horse on mars"
     steps: int = 20
     guidance_scale: float = 7.5
@@ -132,6 +135,16 @@ def run_bench(request: BenchRequest) -> int:
         with_tomesd=request.with_tomesd,
         presets=list(request.presets),
     )
+    if request.cache is not None:
+        if not request.pipeline:
+            raise ValueError(f"Expected cache={request.cache!r} only with pipeline=True (caches act across steps).")
+        if not supports_caches(bench.model):
+            raise ValueError(
+                f"Expected a denoiser with diffusers' caches (CacheMixin) for cache={request.cache!r}, but got "
+                f"{type(bench.model).__name__}."
+            )
+        presets = [m for m in methods if m.family in {f"ours {preset}" for preset in request.presets}]
+        methods += cache_methods(request.cache, bench.pipe, presets)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
 
@@ -220,6 +233,10 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
     if request.json_path:
         print(f"JSON: {save_generation_json(generations.rows, meta, request.json_path)}")
     print(f"grid: {save_generation_grid(generations, request.grid_path)}")
+    if request.cache is not None:
+        presets = [m for m in methods if m.family in {f"ours {preset}" for preset in request.presets}]
+        print()
+        print(cache_quality_table(cache_quality(request.cache, presets)))
     return 0
 
 

@@ -15,8 +15,11 @@ Example:
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
+
 import torch
 from diffusers import DDIMScheduler
+from diffusers.models.cache_utils import CacheMixin
 
 from .engine import Apply, relative_error
 from .quality import context_dim, context_embedding, heldout_crops, load_denoiser, predict_noise, psnr
@@ -56,6 +59,7 @@ class SamplingProbe:
         noise = torch.randn(self.crops.shape, generator=torch.Generator().manual_seed(seed))
         self.start = self.scheduler.add_noise(self.crops, noise, torch.tensor([self.timesteps[0]]))
         self.context = context_embedding(crops.shape[0], context_dim(model))
+        self.current_timestep: int | None = None  # during `sample`, as a pipeline's (caches read it)
         self._base: torch.Tensor | None = None
 
     @classmethod
@@ -72,13 +76,25 @@ class SamplingProbe:
         return cls(model, scheduler.config, heldout_crops(64, per_image, seed), steps, strength, seed)
 
     def sample(self) -> torch.Tensor:
-        """The denoised crops after the whole trajectory: [N, 3, H, W]."""
+        """The denoised crops after the whole trajectory: [N, 3, H, W].
+
+        A model with diffusers' caches enabled is driven as a pipeline drives it: its cache state reset
+        before the trajectory, each call inside a cache context, `current_timestep` set.
+        """
         x = self.start.clone()
+        if isinstance(self.model, CacheMixin) and self.model.is_cache_enabled:
+            self.model._reset_stateful_cache()  # what a pipeline's end of call does (maybe_free_model_hooks)
         with torch.no_grad():
             for t in self.timesteps:
-                eps = predict_noise(self.model, x, t, self.context)[:, :3].float()
+                self.current_timestep = t
+                with self._step_context():
+                    eps = predict_noise(self.model, x, t, self.context)[:, :3].float()
                 x = self.scheduler.step(eps, t, x).prev_sample
+        self.current_timestep = None
         return x.clamp(-1.0, 1.0)
+
+    def _step_context(self) -> AbstractContextManager:
+        return self.model.cache_context("cond") if isinstance(self.model, CacheMixin) else nullcontext()
 
     def baseline(self) -> torch.Tensor:
         """The unmerged model's result (computed once)."""

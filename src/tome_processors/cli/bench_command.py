@@ -12,6 +12,7 @@ Example:
     $ tome-processors bench --quick --compile reduce-overhead
     $ tome-processors bench --pipeline --quick --steps 2     # whole generations, random-weight pipeline
     $ tome-processors bench --model ./sd15 --pipeline --prompt "a red fox in the snow"
+    $ tome-processors bench --pipeline --quick --arch flux --cache fbc --presets balanced  # a cache, ToMe, both
 
 With `--pipeline` it times whole generations instead (text encoder, every denoising step, VAE decode) on the
 architecture's pipeline with random weights, or on `--model`'s: seconds per image and per denoising step.
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ..bench.caches import CACHES
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES
 from ..bench.pipelines import TEXT_ENCODER_SIZES
 from ..bench.run import BenchRequest, run_bench
@@ -147,6 +149,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="random-weight --pipeline only: the real text encoders' shapes (full, the default) or their widths "
         "with 2 layers each (small: T5-XXL alone is 19 GB in float32)",
     )
+    gen.add_argument(
+        "--cache",
+        choices=sorted(CACHES),
+        default=None,
+        help="also time diffusers' step cache NAME alone and with each preset row (a denoiser with enable_cache: "
+        "flux and the newer transformers)",
+    )
     gen.add_argument("--prompt", default=BenchRequest.prompt)
     gen.add_argument("--steps", type=int, default=BenchRequest.steps, help="denoising steps per generation")
     gen.add_argument("--guidance-scale", type=float, default=BenchRequest.guidance_scale)
@@ -209,6 +218,8 @@ def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
     if not args.pipeline:
         if args.text_encoders is not None:
             fail("Expected --text-encoders only with --pipeline, but got it without.")
+        if args.cache is not None:
+            fail("Expected --cache only with --pipeline (caches act across denoising steps), but got it without.")
         return
     if args.compile is not None:
         fail("Expected --pipeline without --compile: the generations run eagerly, but got both.")
@@ -253,6 +264,7 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         plot_path=args.plot,
         grid_path=args.grid,
         text_encoders=args.text_encoders,
+        cache=args.cache,
         prompt=args.prompt,
         steps=args.steps,
         guidance_scale=args.guidance_scale,

@@ -1,0 +1,213 @@
+"""diffusers' step caches as bench rows: `tome-processors bench --pipeline --cache NAME`.
+
+A step cache (First Block Cache, TaylorSeer, Pyramid Attention Broadcast, MagCache) skips whole blocks or
+attention calls on some denoising steps; ToMe makes the blocks that still run cheaper. The two act on
+different axes, so the bench times the cache alone, and the cache with each ToMe row it was given, next to
+ToMe alone and the baseline.
+
+First Block Cache and TaylorSeer are offered (`CACHES`). They are diffusers' own (`model.enable_cache(config)`,
+`model.disable_cache()`), so only a denoiser with diffusers' `CacheMixin` (FLUX.1 and the newer transformers;
+not the UNets, PixArt or SD3) takes them, and only a pipeline that opens a cache context around its
+denoiser calls (the newer pipelines do) runs them. Their quality is measured on the trained DiT's whole
+sampling runs (`cache_quality`).
+
+Example:
+    >>> sorted(CACHES)
+    ['fbc', 'taylorseer']
+    >>> cache_methods("fbc", pipe, [baseline, balanced])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from diffusers import PixArtTransformer2DModel
+from diffusers.hooks import FirstBlockCacheConfig, TaylorSeerCacheConfig
+from diffusers.models.cache_utils import CacheMixin
+
+from .engine import Method
+from .quality import heldout_crops, load_denoiser
+from .sampling import SamplingProbe
+
+__all__ = [
+    "CACHES",
+    "CacheSpec",
+    "CachedDiT",
+    "cache_config",
+    "cache_methods",
+    "cache_quality",
+    "cache_quality_table",
+    "cached_dit",
+    "supports_caches",
+]
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """One of diffusers' caches as the bench sets it up: its label and how to build its config.
+
+    `build` takes a callable that returns the pipeline's current timestep (for caches that decide per step
+    from it).
+    """
+
+    label: str
+    build: Callable[[Callable[[], Any]], Any]
+    help: str
+
+
+#: The caches `--cache` offers. Left out: MagCache (it needs magnitude ratios calibrated on the real model's
+#: weights), Pyramid Attention Broadcast (in diffusers 0.42.1 it hooks no attention module of FLUX.1: its
+#: output is unchanged), FasterCache (it fails on FLUX.1 with or without ToMe).
+CACHES: dict[str, CacheSpec] = {
+    "fbc": CacheSpec(
+        "FirstBlockCache", lambda _: FirstBlockCacheConfig(threshold=0.2), "First Block Cache, threshold 0.2"
+    ),
+    "taylorseer": CacheSpec("TaylorSeer", lambda _: TaylorSeerCacheConfig(), "TaylorSeer, diffusers' defaults"),
+}
+
+
+def supports_caches(model: torch.nn.Module) -> bool:
+    """Whether `model` takes diffusers' caches (`enable_cache`), i.e. has diffusers' `CacheMixin`.
+
+    Example:
+        >>> supports_caches(torch.nn.Linear(1, 1))
+        False
+    """
+    return isinstance(model, CacheMixin)
+
+
+def cache_config(name: str, pipe: Any) -> Any:
+    """The diffusers config of cache `name` for `pipe` (whose `current_timestep` a cache may read).
+
+    Example:
+        >>> type(cache_config("fbc", None)).__name__
+        'FirstBlockCacheConfig'
+    """
+    if name not in CACHES:
+        raise ValueError(f"Expected a cache among {sorted(CACHES)}, but got {name!r}.")
+
+    def timestep() -> Any:
+        current = getattr(pipe, "current_timestep", None)
+        return 1000 if current is None else current  # outside a generation: no skipping window matches
+
+    return CACHES[name].build(timestep)
+
+
+def cache_methods(name: str, pipe: Any, tome_methods: Sequence[Method]) -> list[Method]:
+    """Rows for cache `name` on `pipe`'s denoiser: the cache alone, then the cache with each of `tome_methods`.
+
+    The cache goes on after ToMe and comes off before it (either order works; tests/test_caches.py).
+
+    Example:
+        >>> [m.name for m in cache_methods("fbc", pipe, [balanced])]  # doctest: +SKIP
+        ['FirstBlockCache', 'FirstBlockCache + ours balanced']
+    """
+    spec = CACHES.get(name)
+    if spec is None:
+        raise ValueError(f"Expected a cache among {sorted(CACHES)}, but got {name!r}.")
+
+    def enable(model: torch.nn.Module) -> None:
+        if not supports_caches(model):
+            raise ValueError(
+                f"Expected a denoiser with diffusers' caches (CacheMixin) for --cache, but got {type(model).__name__}."
+            )
+        model.enable_cache(cache_config(name, pipe))
+
+    def disable(model: torch.nn.Module) -> None:
+        model.disable_cache()
+
+    settings = {"cache": spec.label}
+    methods = [Method(spec.label, "cache", None, enable, disable, settings=settings)]
+    for tome in tome_methods:
+        methods.append(
+            Method(
+                f"{spec.label} + {tome.name}",
+                "cache + ours",
+                tome.ratio,
+                _both(tome.apply, enable),
+                _both(disable, tome.remove),
+                settings={**settings, **tome.settings},
+            )
+        )
+    return methods
+
+
+def _both(
+    first: Callable[[torch.nn.Module], Any], second: Callable[[torch.nn.Module], Any]
+) -> Callable[[torch.nn.Module], None]:
+    def run(model: torch.nn.Module) -> None:
+        first(model)
+        second(model)
+
+    return run
+
+
+class CachedDiT(CacheMixin, PixArtTransformer2DModel):
+    """The shipped trained DiT (PixArt-shaped) with diffusers' `CacheMixin`, which PixArt's class lacks.
+
+    Tooling only: the caches' quality is measured on it (`cache_quality`). ToMe sees a PixArt model.
+    """
+
+
+def cached_dit() -> CachedDiT:
+    """The shipped trained DiT's weights in a `CachedDiT` (offline, float32, eval mode).
+
+    Example:
+        >>> supports_caches(cached_dit())
+        True
+    """
+    trained, _ = load_denoiser("dit")
+    model = CachedDiT.from_config(trained.config)
+    model.load_state_dict(trained.state_dict())
+    return model.eval()
+
+
+def cache_quality(
+    name: str, tome_methods: Sequence[Method], steps: int = 20, strength: float = 0.6
+) -> list[dict[str, Any]]:
+    """The change each row makes to whole DDIM trajectories of the trained DiT (`sampling.SamplingProbe`).
+
+    Rows: every one of `tome_methods` alone, cache `name` alone, and the cache with each of `tome_methods`
+    (applied as on the bench's denoiser: ToMe first). Each row: `method`, `image_change` (relative to the
+    unmerged, uncached run's final images) and `psnr_drop` (dB, against the clean crops); both None for a
+    cache that leaves the DiT unchanged (it hooks none of its blocks: TaylorSeer in diffusers 0.42.1).
+
+    Example:
+        >>> rows = cache_quality("fbc", [], steps=4)
+        >>> rows[0]["method"], rows[0]["image_change"] >= 0
+        ('FirstBlockCache', True)
+    """
+    model, scheduler = load_denoiser("dit")
+    del model
+    probe = SamplingProbe(cached_dit(), scheduler.config, heldout_crops(64, 1, 0), steps, strength)
+    rows = []
+    for method in [*tome_methods, *cache_methods(name, probe, tome_methods)]:
+        measured = probe.measure(method.apply, method.remove)
+        if method.family == "cache" and measured["image_change"] == 0.0:
+            rows.append({"method": method.name, "image_change": None, "psnr_drop": None})
+            continue  # the cache hooks none of the DiT's blocks: no quality to report
+        rows.append(
+            {"method": method.name, "image_change": measured["image_change"], "psnr_drop": measured["psnr_drop"]}
+        )
+    return rows
+
+
+def cache_quality_table(rows: Sequence[dict[str, Any]]) -> str:
+    """A markdown table of `cache_quality` rows.
+
+    Example:
+        >>> print(cache_quality_table([{"method": "FirstBlockCache", "image_change": 0.0123, "psnr_drop": 0.05}]))
+        | method (on the trained DiT's sampling runs) | image change % | PSNR drop dB |
+        |---|---|---|
+        | FirstBlockCache | 1.23 | 0.050 |
+    """
+    lines = ["| method (on the trained DiT's sampling runs) | image change % | PSNR drop dB |", "|---|---|---|"]
+    for row in rows:
+        if row["image_change"] is None:
+            lines.append(f"| {row['method']} | n/a: acts on none of the DiT's blocks | - |")
+        else:
+            lines.append(f"| {row['method']} | {100 * row['image_change']:.2f} | {row['psnr_drop']:.3f} |")
+    return "\n".join(lines)

@@ -1,0 +1,207 @@
+"""ToMe together with diffusers' step caches (`enable_cache`): either order, each cache, either one taken off.
+
+Every cache that diffusers offers and that acts on the tiny FLUX.1 transformer without ToMe is checked:
+First Block Cache, TaylorSeer and MagCache (given ratios, as after a calibration). FasterCache fails on
+FLUX.1 without ToMe too (diffusers marks it experimental), and Pyramid Attention Broadcast leaves FLUX.1's
+output unchanged (`test_pyramid_attention_broadcast_does_not_act_on_flux`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers.hooks import (
+    FirstBlockCacheConfig,
+    MagCacheConfig,
+    PyramidAttentionBroadcastConfig,
+    TaylorSeerCacheConfig,
+)
+
+from tome_processors import apply_tome, is_tome_applied, remove_tome
+from tome_processors.bench.caches import (
+    CACHES,
+    cache_config,
+    cache_methods,
+    cache_quality,
+    cache_quality_table,
+    supports_caches,
+)
+from tome_processors.bench.dit import build_transformer, make_transformer_inputs
+from tome_processors.bench.engine import BenchSettings, Method
+from tome_processors.bench.generate import time_generations
+from tome_processors.bench.methods import baseline_method, preset_methods
+from tome_processors.bench.models import build_model
+from tome_processors.bench.run import BenchRequest, run_bench
+from tome_processors.cli.main import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+STEPS = 4
+#: (name, config factory): fresh configs each time (a config holds no state, but PAB's callback reads `clock`).
+clock = {"t": 1000}
+CONFIGS = {
+    "fbc": lambda: FirstBlockCacheConfig(threshold=0.5),
+    "taylorseer": lambda: TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=1),
+    "magcache": lambda: MagCacheConfig(num_inference_steps=STEPS, mag_ratios=[1.0] * STEPS, threshold=1.0),
+}
+
+
+@pytest.fixture(scope="module")
+def flux():
+    model = build_transformer("flux", quick=True).eval()
+    inputs = make_transformer_inputs(model, "flux", batch=2, resolution=64)
+    return model, inputs
+
+
+def _steps(model, inputs) -> list[torch.Tensor]:
+    """`STEPS` denoiser calls as a pipeline makes them: inside a cache context, the timestep moving."""
+    outputs = []
+    with torch.no_grad():
+        for step in range(STEPS):
+            clock["t"] = 1000 - 250 * step
+            with model.cache_context("cond"):
+                outputs.append(inputs.run(model))
+    return outputs
+
+
+def _with(model, inputs, cache: str | None, tome: bool) -> list[torch.Tensor]:
+    if tome:
+        apply_tome(model, ratio=0.5)
+    if cache is not None:
+        model.enable_cache(CONFIGS[cache]())
+    try:
+        return _steps(model, inputs)
+    finally:
+        if cache is not None:
+            model.disable_cache()
+        remove_tome(model)
+
+
+@pytest.mark.parametrize("cache", sorted(CONFIGS))
+@pytest.mark.parametrize("tome_first", [True, False])
+def test_tome_and_each_cache_in_either_order(flux, cache, tome_first):
+    model, inputs = flux
+    plain = _with(model, inputs, None, tome=False)
+    cache_only = _with(model, inputs, cache, tome=False)
+    tome_only = _with(model, inputs, None, tome=True)
+    assert not torch.equal(tome_only[0], plain[0])  # ToMe merges on this model
+
+    if tome_first:
+        apply_tome(model, ratio=0.5)
+        model.enable_cache(CONFIGS[cache]())
+    else:
+        model.enable_cache(CONFIGS[cache]())
+        apply_tome(model, ratio=0.5)
+    both = _steps(model, inputs)
+    assert all(torch.isfinite(out).all() for out in both)
+    assert torch.equal(both[0], tome_only[0])  # the first step runs every block: ToMe's output
+
+    if tome_first:  # take the cache off first: ToMe alone stays
+        model.disable_cache()
+        assert is_tome_applied(model)
+        assert all(torch.equal(a, b) for a, b in zip(_steps(model, inputs), tome_only, strict=True))
+        remove_tome(model)
+    else:  # take ToMe off first: the cache alone stays, as if ToMe had never been there
+        remove_tome(model)
+        model._reset_stateful_cache()
+        assert all(torch.equal(a, b) for a, b in zip(_steps(model, inputs), cache_only, strict=True))
+        model.disable_cache()
+    # Both gone: the model is bit for bit the plain one.
+    assert all(torch.equal(a, b) for a, b in zip(_steps(model, inputs), plain, strict=True))
+
+
+@pytest.mark.parametrize("cache", sorted(CONFIGS))
+def test_each_cache_skips_work_with_tome_on(flux, cache):
+    # The configs reuse work early: the steps after the first differ from ToMe alone, so the cache really acts
+    # on the merged model.
+    model, inputs = flux
+    tome_only = _with(model, inputs, None, tome=True)
+    both = _with(model, inputs, cache, tome=True)
+    assert torch.equal(both[0], tome_only[0])
+    assert any(not torch.equal(a, b) for a, b in zip(both[1:], tome_only[1:], strict=True))
+
+
+def test_cache_rows_of_the_bench(tmp_path):
+    bench = build_model(arch="flux", quick=True, pipeline=True, resolution=64)
+    assert supports_caches(bench.model)
+    presets = preset_methods(["balanced"], bench.model, auto_downsample=1)
+    methods = [baseline_method(), *presets, *cache_methods("fbc", bench.pipe, presets)]
+    assert [m.name for m in methods[2:]] == ["FirstBlockCache", "FirstBlockCache + ours balanced r=0.3"]
+    settings = BenchSettings(rounds=1, measure_memory=False, host_cost=False, progress=False)
+    run = time_generations(bench.pipe, methods, "a cat", steps=3, resolution=64, settings=settings)
+    changes = {row.name: row.image_change for row in run.rows}
+    assert changes["baseline"] == 0.0
+    assert all(0 <= change < 1 for change in changes.values())
+    # Every method was taken off again: the pipeline's denoiser is plain.
+    assert not is_tome_applied(bench.model) and bench.model._cache_config is None
+
+
+def test_pyramid_attention_broadcast_does_not_act_on_flux(flux):
+    # Why the bench offers no PAB row: with every step in its window it would reuse attention, yet nothing
+    # changes (diffusers 0.42.1 hooks none of FLUX.1's attention modules). If this starts failing, offer it.
+    model, inputs = flux
+    plain = _with(model, inputs, None, tome=False)
+    model.enable_cache(
+        PyramidAttentionBroadcastConfig(
+            spatial_attention_block_skip_range=2,
+            spatial_attention_timestep_skip_range=(0, 1001),
+            current_timestep_callback=lambda: clock["t"],
+        )
+    )
+    try:
+        assert all(torch.equal(a, b) for a, b in zip(_steps(model, inputs), plain, strict=True))
+    finally:
+        model.disable_cache()
+
+
+def test_cache_quality_on_the_trained_dit():
+    rows = cache_quality("fbc", preset_methods(["balanced"], "flux", auto_downsample=1), steps=6)
+    by_name = {row["method"]: row for row in rows}
+    assert list(by_name) == ["ours balanced r=0.3", "FirstBlockCache", "FirstBlockCache + ours balanced r=0.3"]
+    assert all(row["image_change"] > 0 for row in rows)  # each changes the trajectory
+    assert (
+        by_name["FirstBlockCache + ours balanced r=0.3"]["image_change"] != by_name["FirstBlockCache"]["image_change"]
+    )
+    table = cache_quality_table(rows)
+    assert table.count("\n") == 4 and "FirstBlockCache + ours balanced" in table
+    # TaylorSeer finds none of the DiT's blocks: said so, not reported as a perfect score.
+    taylor = cache_quality("taylorseer", [], steps=6)
+    assert taylor == [{"method": "TaylorSeer", "image_change": None, "psnr_drop": None}]
+    assert "n/a" in cache_quality_table(taylor)
+
+
+def test_unknown_cache_and_models_without_caches_are_refused(tmp_path, capsys):
+    with pytest.raises(ValueError, match="Expected a cache among"):
+        cache_config("deepcache", None)
+    with pytest.raises(ValueError, match="Expected a cache among"):
+        cache_methods("deepcache", None, [])
+    unet_row = cache_methods("fbc", None, [])[0]
+    assert isinstance(unet_row, Method) and sorted(CACHES) == ["fbc", "taylorseer"]
+    with pytest.raises(ValueError, match="CacheMixin"):
+        unet_row.apply(torch.nn.Linear(1, 1))
+    request = BenchRequest(arch="sd15", quick=True, pipeline=True, cache="fbc", with_tomesd=False, rounds=1)
+    with pytest.raises(ValueError, match="CacheMixin"):
+        run_bench(request)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--quick", "--cache", "fbc"])
+    assert exit_info.value.code == 2
+    assert "--cache only with --pipeline" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("cache", ["fbc", "taylorseer"])
+def test_a_pipeline_with_tome_and_a_cache_gives_the_same_image_twice(cache):
+    pipe = build_model(arch="flux", quick=True, pipeline=True, resolution=64).pipe
+
+    def generate() -> torch.Tensor:
+        generator = torch.Generator().manual_seed(0)
+        return pipe("a cat", num_inference_steps=3, height=64, width=64, generator=generator, output_type="pt").images
+
+    plain = generate()
+    apply_tome(pipe, ratio=0.5)
+    pipe.transformer.enable_cache(CONFIGS[cache]())
+    first, second = generate(), generate()
+    assert torch.isfinite(first).all() and torch.equal(first, second)
+    assert not torch.equal(first, plain)
+    pipe.transformer.disable_cache()
+    remove_tome(pipe)
+    assert torch.equal(generate(), plain)
