@@ -172,27 +172,37 @@ def cache_quality(
 
     Rows: every one of `tome_methods` alone, cache `name` alone, and the cache with each of `tome_methods`
     (applied as on the bench's denoiser: ToMe first). Each row: `method`, `image_change` (relative to the
-    unmerged, uncached run's final images) and `psnr_drop` (dB, against the clean crops); both None for a
-    cache that leaves the DiT unchanged (it hooks none of its blocks: TaylorSeer in diffusers 0.42.1).
+    unmerged, uncached run's final images) and `psnr_drop` (dB, against the clean crops). A cache that hooks
+    none of the DiT's blocks (TaylorSeer in diffusers 0.42.1) gives one row, with both None.
 
     Example:
         >>> rows = cache_quality("fbc", [], steps=4)
         >>> rows[0]["method"], rows[0]["image_change"] >= 0
         ('FirstBlockCache', True)
+        >>> cache_quality("taylorseer", [], steps=4)
+        [{'method': 'TaylorSeer', 'image_change': None, 'psnr_drop': None}]
     """
     model, scheduler = load_denoiser("dit")
     del model
     probe = SamplingProbe(cached_dit(), scheduler.config, heldout_crops(64, 1, 0), steps, strength)
     rows = []
-    for method in [*tome_methods, *cache_methods(name, probe, tome_methods)]:
+    methods = cache_methods(name, probe, tome_methods)
+    methods[0].apply(probe.model)
+    hooked = any(_hooks_of(module) for module in probe.model.modules() if module is not probe.model)
+    methods[0].remove(probe.model)
+    if not hooked:  # the cache finds none of the DiT's blocks: no quality to report
+        return [{"method": methods[0].name, "image_change": None, "psnr_drop": None}]
+    for method in [*tome_methods, *methods]:
         measured = probe.measure(method.apply, method.remove)
-        if method.family == "cache" and measured["image_change"] == 0.0:
-            rows.append({"method": method.name, "image_change": None, "psnr_drop": None})
-            continue  # the cache hooks none of the DiT's blocks: no quality to report
         rows.append(
             {"method": method.name, "image_change": measured["image_change"], "psnr_drop": measured["psnr_drop"]}
         )
     return rows
+
+
+def _hooks_of(module: torch.nn.Module) -> bool:
+    registry = getattr(module, "_diffusers_hook", None)  # where diffusers keeps a module's HookRegistry
+    return bool(getattr(registry, "hooks", None))
 
 
 def cache_quality_table(rows: Sequence[dict[str, Any]]) -> str:
