@@ -74,6 +74,9 @@ def test_quick_json_has_every_row_with_finite_numbers(quick_run):
         assert len(row["times"]) == (1 + math.ceil((len(names) - 1) / 3) if row["name"] == "baseline" else 1)
         if row["family"] != "baseline":
             assert math.isfinite(row["overhead_share"]) and row["overhead_share"] > 0
+            # the time columns and the speed-up come from the same round
+            assert row["pair_baseline_seconds"] / row["pair_seconds"] == pytest.approx(row["speedup"])
+            assert row["speedup_min"] <= row["speedup"] <= row["speedup_max"]
     assert data["meta"]["batch"] == 2 and data["meta"]["tomesd"] and "bench --quick" in data["meta"]["command"]
     assert data["meta"]["wall_seconds"] > 0 and data["meta"]["rounds"] == 1
 
@@ -253,6 +256,34 @@ def test_each_method_is_paired_with_the_baseline_runs_around_it(monkeypatch):
     assert [row.inner_speedup for row in rows] == pytest.approx([1.0, 2.0, 2.0, 2.0])
     assert [row.inner_times for row in rows] == [[t / 4 for t in row.times] for row in rows]
     assert all(row.inner_seconds == pytest.approx(row.seconds / 4) for row in rows)
+
+
+def test_time_columns_and_speed_up_come_from_one_round_with_the_spread_of_all(monkeypatch):
+    # The baseline takes 1 s; the method a different share of it in each round (after its warm-up forward):
+    # ratios 2, 4, 1.25, 2.5. The row's speed-up is one round's ratio (the lower middle one of four: 2), its
+    # two times are that round's, and the lowest and highest ratios are kept.
+    shares = iter([0.5, 0.5, 0.25, 0.8, 0.4])
+    state = {"share": 1.0}
+
+    def fake_timed(call, device):
+        return call(), state["share"]
+
+    def applied(unet):
+        state["share"] = next(shares)
+
+    def removed(unet):
+        state["share"] = 1.0
+
+    monkeypatch.setattr(engine, "timed", fake_timed)
+    methods = [baseline_method(), Method("half", "half", None, applied, removed)]
+    settings = BenchSettings(rounds=4, measure_memory=False, host_cost=False, progress=False)
+    baseline, row = run_benchmark(torch.nn.Linear(2, 2), methods, lambda model: model(torch.ones(1, 2)), settings)
+    assert row.times == [0.5, 0.25, 0.8, 0.4] and row.seconds == pytest.approx(0.45)  # the median of its runs
+    assert (row.speedup, row.pair_seconds, row.pair_baseline_seconds) == pytest.approx((2.0, 0.5, 1.0))
+    assert (row.speedup_min, row.speedup_max) == pytest.approx((1.25, 4.0))
+    assert (baseline.speedup, baseline.speedup_min, baseline.pair_seconds) == (1.0, None, baseline.seconds)
+    cells = [cell.strip() for cell in markdown_table([baseline, row]).splitlines()[3].strip("|").split("|")]
+    assert cells[2:6] == ["0.500", "1.000", "2.00x", "1.25-4.00x"]
 
 
 def test_host_cost_is_counted_on_a_forward_that_finds_the_caches_filled():

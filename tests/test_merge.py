@@ -7,7 +7,7 @@ import torch
 
 from tome_processors import _similarity
 from tome_processors import merge as merge_module
-from tome_processors._similarity import CHUNK_ROWS, _pair_scores, _use_cpu_gemm, best_match
+from tome_processors._similarity import _pair_scores, _use_cpu_gemm, best_match, cpu_path
 from tome_processors.merge import (
     GridLayout,
     bipartite_soft_matching_2d,
@@ -76,12 +76,12 @@ def test_low_precision_similarity_scores_chosen_pairs_exactly():
     assert (fast.token_row == exact.token_row).float().mean() > 0.95
 
 
-def test_best_match_agrees_with_plain_matmul_across_chunks():
-    # More source rows than one chunk, a channels-first view as the block input is, and both dtypes
-    # the CPU GEMM path takes: the same best destination and score as `matmul` then `max`.
+def test_best_match_agrees_with_plain_matmul():
+    # Many source rows, a channels-first view as the block input is, and both dtypes the CPU GEMM path
+    # takes: the same best destination and score as `matmul` then `max`.
 
     g = torch.Generator().manual_seed(1)
-    src = torch.randn(2, 40, CHUNK_ROWS + 77, generator=g).transpose(1, 2)
+    src = torch.randn(2, 40, 589, generator=g).transpose(1, 2)
     dst = torch.randn(2, 33, 40, generator=g)
     if not _use_cpu_gemm(src, torch.float32):
         pytest.skip("oneDNN's CPU GEMM is not available here: only the plain path runs")
@@ -108,6 +108,10 @@ def test_cpu_gemm_path_and_plain_matmul_choose_the_same_merge(monkeypatch):
     monkeypatch.setattr(_similarity, "_onednn_linear_works", lambda dtype: False)
     plain = bipartite_soft_matching_2d(metric, 32, 32, 2, 2, 400)
     assert torch.equal(fast.token_row, plain.token_row)
+    # With oneDNN switched off (the GPU's ops, as the host-cost tests count them), the GPU's path throughout.
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert not cpu_path(metric)
+        assert torch.equal(bipartite_soft_matching_2d(metric, 32, 32, 2, 2, 400).token_row, fast.token_row)
 
 
 def test_every_similarity_dtype_runs_on_cpu_and_mostly_agrees():

@@ -1,10 +1,13 @@
 """Every source's most similar destination: one batched GEMM, or oneDNN's GEMM on CPU.
 
 The one module that calls private torch ops. On CPU, oneDNN's GEMM (`torch.ops.mkldnn._linear_pointwise`)
-ran these shapes about twice as fast as the default BLAS call on some CPUs (AMD EPYC with MKL) with
-float32 accuracy; it is private and its dtypes depend on the CPU, so it is checked once per dtype and used
-only where it computes what `bmm` would. Everywhere else (CUDA, MPS, under torch.compile) it is one `bmm`
-and one `max`: few ops matter more than FLOPs there.
+ran these shapes faster than the default BLAS call (`bmm`) on some CPUs (AMD EPYC with MKL) with float32
+accuracy; it is private and its dtypes depend on the CPU, so it is checked once per dtype and used only
+where it computes what `bmm` would. Everywhere else (CUDA, MPS, under torch.compile) it is one `bmm` and
+one `max`: few ops matter more than FLOPs there.
+
+`cpu_path(t)` says whether a tensor takes that CPU path; `merge.match` also gathers its tokens with
+`index_select` there, the faster copy on CPU of a channels-first block input.
 """
 
 from __future__ import annotations
@@ -13,10 +16,7 @@ from functools import cache
 
 import torch
 
-__all__ = ["best_match", "is_compiling"]
-
-#: Source rows per oneDNN GEMM: each chunk's scores are still in cache when its maximum is taken.
-CHUNK_ROWS = 512
+__all__ = ["best_match", "cpu_path", "is_compiling"]
 
 
 def best_match(
@@ -55,37 +55,48 @@ def _pair_scores(src: torch.Tensor, dst: torch.Tensor, best_dst: torch.Tensor) -
 def _cpu_best_match(
     src: torch.Tensor, dst: torch.Tensor, choose_dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    # Per sample, in chunks of source rows small enough that each chunk's scores (and, with
-    # `choose_dtype`, its rows for the exact re-scoring) are still in cache when they are read again.
+    # One GEMM and one `max` per sample, not per chunk of rows: on a CPU shared with other work, every
+    # parallel region waits for all its threads, and chunks of 512 rows multiplied the regions by six
+    # (measured: the whole merge overhead of SD1.5 at 512 px, 0.77x tomesd's instead of 1.18x, 2 threads
+    # on a loaded 2-core VM; 0.62x instead of 0.64x on one thread).
     values, indices = [], []
-    for sample_src, sample_dst in zip(src, dst.contiguous(), strict=True):
-        weight = sample_dst if choose_dtype is None else sample_dst.to(choose_dtype)
-        for chunk in sample_src.split(CHUNK_ROWS):
-            chunk = chunk.contiguous()
-            scores = torch.ops.mkldnn._linear_pointwise(
-                chunk if choose_dtype is None else chunk.to(choose_dtype), weight, None, "none", [], ""
-            )
-            if choose_dtype is None:
-                best = scores.max(dim=-1)
-                values.append(best.values)
-                indices.append(best.indices)
-            else:
-                best_dst = scores.max(dim=-1).indices
-                values.append((chunk * sample_dst[best_dst]).sum(dim=-1))
-                indices.append(best_dst)
-    return torch.cat(values).view(src.shape[:2]), torch.cat(indices).view(src.shape[:2])
+    for sample_src, sample_dst in zip(src, dst, strict=True):
+        sample_src, sample_dst = sample_src.contiguous(), sample_dst.contiguous()
+        if choose_dtype is None:
+            best = torch.ops.mkldnn._linear_pointwise(sample_src, sample_dst, None, "none", [], "").max(dim=-1)
+            values.append(best.values)
+            indices.append(best.indices)
+        else:
+            weight = sample_dst.to(choose_dtype)
+            scores = torch.ops.mkldnn._linear_pointwise(sample_src.to(choose_dtype), weight, None, "none", [], "")
+            best_dst = scores.max(dim=-1).indices
+            values.append((sample_src * sample_dst[best_dst]).sum(dim=-1))
+            indices.append(best_dst)
+    return torch.stack(values), torch.stack(indices)
 
 
 def _use_cpu_gemm(src: torch.Tensor, dtype: torch.dtype) -> bool:
-    # Only where it computes what `bmm` would: on CPU, outside torch.compile and CPU autocast
-    # (which would change `bmm`'s dtype), with oneDNN switched on, and on a non-empty input.
+    # Only where it computes what `bmm` would: on the CPU path, with a dtype oneDNN computes exactly, and on
+    # a non-empty input.
+    return src.numel() > 0 and cpu_path(src) and _onednn_linear_works(dtype)
+
+
+def cpu_path(tensor: torch.Tensor) -> bool:
+    """Whether work on `tensor` takes the CPU path: on CPU, oneDNN switched on, outside torch.compile and CPU autocast.
+
+    Everything else (CUDA, MPS, compiled graphs, and CPU with `torch.backends.mkldnn` off, which the host-cost
+    tests use to count the GPU's ops) takes the path with the fewest ops.
+
+    Example:
+        >>> with torch.backends.mkldnn.flags(enabled=False):
+        ...     cpu_path(torch.ones(2))
+        False
+    """
     return (
-        src.device.type == "cpu"
-        and src.numel() > 0
+        tensor.device.type == "cpu"
+        and torch.backends.mkldnn.enabled
         and not is_compiling()
         and not _cpu_autocast_enabled()
-        and torch.backends.mkldnn.enabled
-        and _onednn_linear_works(dtype)
     )
 
 

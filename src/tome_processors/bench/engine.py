@@ -20,7 +20,9 @@ inputs, in one process:
 
 Speed-up is paired: the median over rounds of `baseline time / method time`, the baseline time being
 the mean of the two baseline runs around the method, a few forwards apart. So drifts in machine
-load (on a shared VM they come and go within a minute) mostly cancel out.
+load (on a shared VM they come and go within a minute) mostly cancel out. The round whose ratio is that
+median also gives the times shown beside it (`Row.pair_seconds`, `Row.pair_baseline_seconds`), so the
+speed-up is the ratio of the two; the lowest and highest ratios of all rounds show the noise.
 
 With `BenchSettings.compile`, each method is put on its own copy of the model that shares the weights
 (`shared_weight_copy`), stays applied for the whole run and is compiled with `torch.compile`, the
@@ -152,9 +154,14 @@ class Row:
 
     Attributes:
         name, family, ratio: from the `Method`.
-        seconds: median time of one forward over the rounds.
+        seconds: median time of one forward over all its timed runs.
         speedup: median over rounds of the baseline's time (the mean of the two baseline runs
-            around this method) divided by this method's.
+            around this method) divided by this method's (for an even number of rounds, the lower of
+            the two middle ratios, so that it is one round's ratio).
+        pair_seconds, pair_baseline_seconds: this method's time and its paired baseline time in the
+            round whose ratio is `speedup`: `speedup == pair_baseline_seconds / pair_seconds`. For the
+            baseline, both are `seconds`.
+        speedup_min, speedup_max: the lowest and highest ratio over the rounds (the run-to-run noise).
         rel_error: `||out - out_ref|| / ||out_ref||` of the model output on the same inputs.
         peak_memory_mib: CUDA allocator peak, or peak resident set on CPU, during one forward.
         memory_before_mib: the same quantity just before that forward (weights, inputs, caches).
@@ -199,6 +206,10 @@ class Row:
     inner_seconds: float | None = None
     inner_speedup: float | None = None
     inner_times: list[float] = field(default_factory=list)
+    pair_seconds: float | None = None
+    pair_baseline_seconds: float | None = None
+    speedup_min: float | None = None
+    speedup_max: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
@@ -700,17 +711,34 @@ def _inspects(settings: BenchSettings) -> bool:
     return settings.measure_memory or settings.host_cost
 
 
+def _median_round(ratios: Sequence[float]) -> int:
+    """The index of the median ratio (the lower middle one for an even count).
+
+    Example:
+        >>> _median_round([1.3, 0.9, 1.1, 1.0])
+        3
+    """
+    order = sorted(range(len(ratios)), key=ratios.__getitem__)
+    return order[(len(order) - 1) // 2]
+
+
 def _row(method: Method, m: _Measured, i: int, extra: dict[str, Any]) -> Row:
     speedups = [b / t for b, t in zip(m.paired_base[i], m.times[i], strict=True)]
     inner_speedups = [b / t for b, t in zip(m.inner_paired_base[i], m.inner_times[i], strict=True)]
     shares = [o / b for o, b in zip(m.overhead_times[i], m.paired_base[i], strict=False)]
     host = m.host[i]
+    seconds = statistics.median(m.times[i])
+    if i == 0:  # the baseline, paired with itself
+        speedup, pair_seconds, pair_base = 1.0, seconds, seconds
+    else:
+        k = _median_round(speedups)
+        speedup, pair_seconds, pair_base = speedups[k], m.times[i][k], m.paired_base[i][k]
     return Row(
         name=method.name,
         family=method.family,
         ratio=method.ratio,
-        seconds=statistics.median(m.times[i]),
-        speedup=statistics.median(speedups),
+        seconds=seconds,
+        speedup=speedup,
         rel_error=float(m.errors[i]),
         peak_memory_mib=m.memory[i][0],
         memory_before_mib=m.memory[i][1],
@@ -727,6 +755,10 @@ def _row(method: Method, m: _Measured, i: int, extra: dict[str, Any]) -> Row:
         inner_seconds=_median(m.inner_times[i]),
         inner_speedup=_median(inner_speedups),
         inner_times=m.inner_times[i],
+        pair_seconds=pair_seconds,
+        pair_baseline_seconds=pair_base,
+        speedup_min=None if i == 0 else min(speedups),
+        speedup_max=None if i == 0 else max(speedups),
         extra=extra,
         settings=dict(method.settings),
     )

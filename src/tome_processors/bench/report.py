@@ -5,7 +5,7 @@ is the string `"inf"` in JSON (a PSNR between identical images), NaN is `null`.
 
 Example:
     >>> print(markdown_table(rows))  # doctest: +SKIP
-    | method | ratio | s/forward | speed-up | error % | overhead % | peak MiB | aten ops | sync ops |
+    | method | ratio | s/forward | baseline s/forward | speed-up | speed-up min-max | error % | overhead % | ...
     ...
 """
 
@@ -24,7 +24,19 @@ from .engine import Row
 
 __all__ = ["format_number", "json_safe", "markdown_table", "meta_lines", "save_grid", "save_json", "save_plot"]
 
-_COLUMNS = ("method", "ratio", "s/forward", "speed-up", "error %", "overhead %", "peak MiB")
+#: `s/forward`, `baseline s/forward` and `speed-up` come from one round (the one whose paired ratio is the median),
+#: so the speed-up is the ratio of the two times shown; `speed-up min-max` spans the ratios of every round.
+_COLUMNS = (
+    "method",
+    "ratio",
+    "s/forward",
+    "baseline s/forward",
+    "speed-up",
+    "speed-up min-max",
+    "error %",
+    "overhead %",
+    "peak MiB",
+)
 #: Host-cost columns: (header, Row attribute); a column is shown when any row has a value.
 _HOST_COLUMNS = (
     ("aten ops", "aten_ops"),
@@ -67,8 +79,12 @@ def markdown_table(rows: Sequence[Row]) -> str:
 
     Example:
         >>> from tome_processors.bench.engine import Row
-        >>> print(markdown_table([Row("baseline", "baseline", None, 1.5, 1.0, 0.0)]).splitlines()[2])
-        | baseline | - | 1.500 | 1.00x | 0.00 | - | - |
+        >>> ours = Row("ours", "ours", 0.5, 1.2, 1.25, 0.03, pair_seconds=1.2, pair_baseline_seconds=1.5)
+        >>> ours.speedup_min, ours.speedup_max = 1.1, 1.3
+        >>> for line in markdown_table([Row("baseline", "baseline", None, 1.5, 1.0, 0.0), ours]).splitlines()[2:]:
+        ...     print(line)
+        | baseline | - | 1.500 | 1.500 | 1.00x | - | 0.00 | - | - |
+        | ours | 0.5 | 1.200 | 1.500 | 1.25x | 1.10-1.30x | 3.00 | - | - |
     """
     extra = _extra_keys(rows)
     host = [(title, key) for title, key in _HOST_COLUMNS if any(getattr(row, key) is not None for row in rows)]
@@ -78,8 +94,10 @@ def markdown_table(rows: Sequence[Row]) -> str:
         cells = [
             row.name,
             format_number(row.ratio),
-            f"{row.seconds:.3f}",
+            f"{_or(row.pair_seconds, row.seconds):.3f}",
+            f"{_or(row.pair_baseline_seconds, row.seconds):.3f}",
             f"{row.speedup:.2f}x",
+            _spread(row),
             f"{100 * row.rel_error:.2f}",
             "-" if row.overhead_share is None else f"{100 * row.overhead_share:.2f}",
             "-" if row.peak_memory_mib is None else f"{row.peak_memory_mib:.0f}",
@@ -88,6 +106,17 @@ def markdown_table(rows: Sequence[Row]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
+
+
+def _spread(row: Row) -> str:
+    """The lowest and highest per-round speed-up, `-` where there is none (the baseline)."""
+    if row.speedup_min is None or row.speedup_max is None:
+        return "-"
+    return f"{row.speedup_min:.2f}-{row.speedup_max:.2f}x"
 
 
 def meta_lines(meta: dict[str, Any]) -> str:
