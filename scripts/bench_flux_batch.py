@@ -9,7 +9,7 @@ Prints seconds per forward (medians), the paired ratio of one-at-a-time over bat
 ratios), and aten ops per merged block (ToMe's ops minus the baseline's over the merged blocks).
 
 Example:
-    $ PYTHONPATH=$PWD/src python scripts/bench_flux_batch.py --layers 1 --resolution 512 --rounds 3
+    $ PYTHONPATH=$PWD/src python scripts/bench_flux_batch.py --layers 1 --resolution 256 --rounds 3 --configs exact
 """
 
 from __future__ import annotations
@@ -53,13 +53,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--configs", nargs="+", default=["exact", "balanced"], choices=["exact", "balanced"])
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
     base = build(args.layers, args.seed)
     inputs = make_transformer_inputs(base, "flux", args.batch, args.resolution, seed=args.seed)
-    configs = {"exact": {}, "balanced": {"share_level": True}}
+    configs = {name: {"exact": {}, "balanced": {"share_level": True}}[name] for name in args.configs}
     methods = {"baseline": base}
     for name, options in configs.items():
         for way, processor in (("batched", FluxAttnProcessor), ("per sample", OneSampleAtATime)):
