@@ -14,8 +14,9 @@ Rotary embeddings (Flux) cover text then image positions. A merged row keeps the
 it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing was merged into it):
 a rotation is exact only at a real position, and averaging cosines and sines of several positions
 gives no rotation at all. The merge is per sample, so the rows of two samples sit at different
-positions; diffusers' `apply_rotary_emb` takes one `(S, D)` table for the whole batch, so a batch of
-more than one is run one sample at a time.
+positions: a batch of more than one gets a table per sample (`batched_rotary.SampleTables`) where the
+inner processor is known to take one (diffusers' Flux and FLUX.2 processors), and is otherwise run one
+sample at a time.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from .arguments import argument, replace_argument
+from .batched_rotary import sample_tables, takes_sample_tables
 from .families import Layout
 from .merge import TokenMerge
 
@@ -84,34 +86,54 @@ def _rotary_fits(args: tuple, kwargs: dict, num_positions: int) -> bool:
     return all(isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape[0] == num_positions for t in tables)
 
 
-def _merged_rotary(rotary: Any, merge: TokenMerge) -> list[Any]:
-    """Per sample, the rotary tables at `merge.row_token`: the text positions, then each row's kept token.
+def _kept_rotary(rotary: Any, merge: TokenMerge) -> list:
+    """`[source table, tables per sample or None, SampleTables or None]`, kept on the merge.
 
-    Kept on the merge: a merge shared by several blocks (`share_level`) gathers its tables once per forward.
+    A merge shared by several blocks (`share_level`) gathers its tables once per forward. The list object is
+    shared with the merge's `with_text_rows` (the same positions).
     """
-    tables = _rotary_tables(rotary)
+    source = _rotary_tables(rotary)[0]
     kept = merge.rotary
-    if kept and kept[0] is tables[0]:
-        return kept[1]
-    per_sample = []
-    for sample_positions in merge.row_token.to(tables[0].device).unbind(0):
-        sample_tables = [t.index_select(0, sample_positions) for t in tables]
-        per_sample.append(type(rotary)(sample_tables) if isinstance(rotary, (tuple, list)) else sample_tables[0])
-    kept[:] = [tables[0], per_sample]  # the list object is shared with the merge's `with_text_rows`
-    return per_sample
+    if not kept or kept[0] is not source:
+        kept[:] = [source, None, None]
+    return kept
+
+
+def _merged_rotary(rotary: Any, merge: TokenMerge) -> list[Any]:
+    """Per sample, the rotary tables at `merge.row_token`: the text positions, then each row's kept token."""
+    kept = _kept_rotary(rotary, merge)
+    if kept[1] is None:
+        tables = _rotary_tables(rotary)
+        per_sample = []
+        for sample_positions in merge.row_token.to(tables[0].device).unbind(0):
+            sample_tables_ = [t.index_select(0, sample_positions) for t in tables]
+            per_sample.append(type(rotary)(sample_tables_) if isinstance(rotary, (tuple, list)) else sample_tables_[0])
+        kept[1] = per_sample
+    return kept[1]
+
+
+def _batched_rotary(rotary: Any, merge: TokenMerge) -> Any:
+    """The rotary tables at `merge.row_token` for the whole batch at once (`batched_rotary.SampleTables`)."""
+    kept = _kept_rotary(rotary, merge)
+    if kept[2] is None:
+        kept[2] = sample_tables(rotary, merge.row_token)
+    return kept[2]
 
 
 def _call(inner: Any, attn: torch.nn.Module, merged: torch.Tensor, args: tuple, kwargs: dict, merge: TokenMerge) -> Any:
     rotary = argument(args, kwargs, *_ROTARY)
     if rotary is None:
         return inner(attn, merged, *args, **kwargs)
-    per_sample = _merged_rotary(rotary, merge)
     batch = merge.batch
+    if takes_sample_tables(inner):  # the whole batch in one call, a table per sample
+        args, kwargs = replace_argument(args, kwargs, *_ROTARY, _batched_rotary(rotary, merge))
+        return inner(attn, merged, *args, **kwargs)
+    per_sample = _merged_rotary(rotary, merge)
     if batch == 1:
         args, kwargs = replace_argument(args, kwargs, *_ROTARY, per_sample[0])
         return inner(attn, merged, *args, **kwargs)
     outputs = []
-    for b in range(batch):  # one rotary table per sample (see the module doc)
+    for b in range(batch):  # a processor not known to take a table per sample: one sample at a time
         sample_args = tuple(_sample(x, b, batch) for x in args)
         sample_kwargs = {k: _sample(v, b, batch) for k, v in kwargs.items()}
         sample_args, sample_kwargs = replace_argument(sample_args, sample_kwargs, *_ROTARY, per_sample[b])

@@ -1,0 +1,88 @@
+"""Rotary tables, one per sample, for a whole batch in one attention call.
+
+The merge is per sample, so a merged row of sample 0 and the same row of sample 1 are kept at different
+token positions, and each sample needs its own rotary table. diffusers' `apply_rotary_emb` takes one
+`(S, D)` table for the whole batch and views it as `(1, S, 1, D)` (`sequence_dim=1`: queries `(B, S, H, D)`,
+as Flux's processors call it) or `(1, 1, S, D)` (`sequence_dim=2`); a `(B, S, D)` table viewed that way
+would not broadcast. `SampleTables` holds `(B, S, D)` and answers those two views with `(B, S, 1, D)` and
+`(B, 1, S, D)`: the rotation multiplies each sample's queries and keys by its own rows, element by element
+the same products as a call per sample, in one call for the batch.
+
+Only processors whose code is known to use the table through those views get one (`takes_sample_tables`);
+any other processor is run one sample at a time with a plain table (`joint_attention`), so a processor
+that reads the table some other way stays right.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
+from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
+
+#: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
+#: (FLUX.1 and Chroma, FLUX.2). Exact types: a subclass may read the table some other way.
+SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
+    {FluxAttnProcessor, FluxIPAdapterAttnProcessor, Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor}
+)
+
+_ALL = slice(None)
+_SEQUENCE_DIM_1 = (None, _ALL, None, _ALL)  # `apply_rotary_emb(..., sequence_dim=1)`: (S, D) -> (1, S, 1, D)
+_SEQUENCE_DIM_2 = (None, None, _ALL, _ALL)  # `sequence_dim=2`: (S, D) -> (1, 1, S, D)
+
+
+class SampleTables:
+    """A rotary table per sample, `(B, S, D)`, where a processor takes one `(S, D)` table (see module doc).
+
+    Example:
+        >>> tables = SampleTables(torch.zeros(2, 5, 4))
+        >>> tuple(tables[None, :, None, :].shape), tuple(tables[None, None, :, :].shape)
+        ((2, 5, 1, 4), (2, 1, 5, 4))
+    """
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: torch.Tensor) -> None:
+        if table.ndim != 3:
+            raise ValueError(f"Expected a rotary table per sample of shape (B, S, D), but got {tuple(table.shape)}.")
+        self.table = table
+
+    def __getitem__(self, key: Any) -> torch.Tensor:
+        if key == _SEQUENCE_DIM_1:
+            return self.table.unsqueeze(2)
+        if key == _SEQUENCE_DIM_2:
+            return self.table.unsqueeze(1)
+        raise TypeError(
+            f"Expected the view [None, :, None, :] or [None, None, :, :] that diffusers' apply_rotary_emb takes of a "
+            f"rotary table, but got [{key}]."
+        )
+
+
+def takes_sample_tables(processor: Any) -> bool:
+    """Whether `processor` may be given `SampleTables` for its rotary embeddings (see module doc).
+
+    Example:
+        >>> takes_sample_tables(FluxAttnProcessor()), takes_sample_tables(object())
+        (True, False)
+    """
+    return type(processor) in SAMPLE_TABLE_PROCESSORS
+
+
+def sample_tables(rotary: Any, row_token: torch.Tensor) -> Any:
+    """`rotary` (a table `(S, D)` or a tuple/list of them) at `row_token` `(B, R)`: `SampleTables` of `(B, R, D)`.
+
+    Example:
+        >>> cos, sin = torch.arange(6.0).view(3, 2), -torch.arange(6.0).view(3, 2)
+        >>> per_sample = sample_tables((cos, sin), torch.tensor([[0, 2], [1, 0]]))
+        >>> per_sample[0].table[1].tolist()
+        [[2.0, 3.0], [0.0, 1.0]]
+    """
+    row_token = row_token.to(_tables(rotary)[0].device)
+    # One row lookup per table (`embedding`: one kernel) for the whole batch.
+    tables = [SampleTables(torch.nn.functional.embedding(row_token, t)) for t in _tables(rotary)]
+    return type(rotary)(tables) if isinstance(rotary, (tuple, list)) else tables[0]
+
+
+def _tables(rotary: Any) -> list[torch.Tensor]:
+    return list(rotary) if isinstance(rotary, (tuple, list)) else [rotary]

@@ -1,0 +1,234 @@
+"""A batch of merged Flux attention in one call: a rotary table per sample (`batched_rotary`).
+
+Each sample's merged rows are kept at their own token positions. Processors known to rotate through diffusers'
+`apply_rotary_emb` get `SampleTables` and run the batch at once; any other processor runs one sample at a time.
+Both must give what one call per sample gives.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.transformers.transformer_flux import (
+    FluxAttention,
+    FluxAttnProcessor,
+    FluxIPAdapterAttnProcessor,
+)
+from diffusers.models.transformers.transformer_flux2 import (
+    Flux2Attention,
+    Flux2AttnProcessor,
+    Flux2ParallelSelfAttention,
+    Flux2ParallelSelfAttnProcessor,
+)
+
+import tome_processors as tp
+from tome_processors.batched_rotary import SAMPLE_TABLE_PROCESSORS, SampleTables, sample_tables, takes_sample_tables
+
+from test_dit import flux_inputs, run, tiny_flux
+
+DIM, HEADS, HEAD_DIM, TEXT, ROWS, IP_DIM = 32, 2, 16, 5, 11, 24
+
+
+def per_sample_tables(batch: int, rows: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(cos, sin)` of `(batch, rows, HEAD_DIM)`: a different rotation for every sample and row."""
+    angle = torch.rand(batch, rows, HEAD_DIM // 2, generator=torch.Generator().manual_seed(seed)) * 6.3
+    return angle.cos().repeat_interleave(2, -1), angle.sin().repeat_interleave(2, -1)
+
+
+@pytest.mark.parametrize("sequence_dim", [1, 2])
+def test_sample_tables_rotate_each_sample_as_its_own_table_does(sequence_dim):
+    cos, sin = per_sample_tables(3, ROWS)
+    shape = (3, ROWS, HEADS, HEAD_DIM) if sequence_dim == 1 else (3, HEADS, ROWS, HEAD_DIM)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    batched = apply_rotary_emb(x, (SampleTables(cos), SampleTables(sin)), sequence_dim=sequence_dim)
+    alone = [apply_rotary_emb(x[b : b + 1], (cos[b], sin[b]), sequence_dim=sequence_dim) for b in range(3)]
+    assert torch.equal(batched, torch.cat(alone))  # the same products, element by element
+    assert not torch.equal(alone[0], apply_rotary_emb(x[:1], (cos[1], sin[1]), sequence_dim=sequence_dim))
+
+
+def test_sample_tables_refuse_views_they_do_not_know_and_wrong_shapes():
+    tables = SampleTables(torch.zeros(2, ROWS, HEAD_DIM))
+    with pytest.raises(TypeError, match=r"Expected the view \[None, :, None, :\]"):
+        tables[:3]
+    with pytest.raises(ValueError, match=r"Expected a rotary table per sample of shape \(B, S, D\), but got \(5, 4\)"):
+        SampleTables(torch.zeros(5, 4))
+
+
+def test_sample_tables_gather_each_samples_rows():
+    cos, sin = torch.randn(9, HEAD_DIM), torch.randn(9, HEAD_DIM)
+    row_token = torch.tensor([[0, 1, 4, 7], [0, 1, 8, 2]])
+    got = sample_tables((cos, sin), row_token)
+    assert isinstance(got, tuple) and all(isinstance(t, SampleTables) for t in got)
+    for b in range(2):
+        assert torch.equal(got[0].table[b], cos[row_token[b]]) and torch.equal(got[1].table[b], sin[row_token[b]])
+    assert isinstance(sample_tables([cos, sin], row_token), list)
+
+
+def _flux_joint() -> tuple[torch.nn.Module, object, dict]:
+    attn = FluxAttention(DIM, HEADS, HEAD_DIM, added_kv_proj_dim=DIM, bias=True, context_pre_only=False)
+    return attn, FluxAttnProcessor(), {"text": True}
+
+
+def _flux_single() -> tuple[torch.nn.Module, object, dict]:
+    attn = FluxAttention(DIM, HEADS, HEAD_DIM, bias=True, pre_only=True)
+    return attn, FluxAttnProcessor(), {"text": False}
+
+
+def _flux_ip_adapter() -> tuple[torch.nn.Module, object, dict]:
+    attn = FluxAttention(DIM, HEADS, HEAD_DIM, added_kv_proj_dim=DIM, bias=True, context_pre_only=False)
+    return attn, FluxIPAdapterAttnProcessor(DIM, IP_DIM, num_tokens=(4,)), {"text": True, "ip": True}
+
+
+def _flux2_joint() -> tuple[torch.nn.Module, object, dict]:
+    return Flux2Attention(DIM, HEADS, HEAD_DIM, added_kv_proj_dim=DIM), Flux2AttnProcessor(), {"text": True}
+
+
+def _flux2_parallel() -> tuple[torch.nn.Module, object, dict]:
+    return Flux2ParallelSelfAttention(DIM, HEADS, HEAD_DIM), Flux2ParallelSelfAttnProcessor(), {"text": False}
+
+
+PROCESSORS = {
+    "flux-joint": _flux_joint,
+    "flux-single": _flux_single,
+    "flux-ip-adapter": _flux_ip_adapter,
+    "flux2-joint": _flux2_joint,
+    "flux2-parallel": _flux2_parallel,
+}
+
+
+def test_every_processor_given_sample_tables_is_checked_here():
+    assert {type(make()[1]) for make in PROCESSORS.values()} == SAMPLE_TABLE_PROCESSORS
+
+
+@pytest.mark.parametrize("name", sorted(PROCESSORS))
+def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thread):
+    torch.manual_seed(0)
+    attn, processor, parts = PROCESSORS[name]()
+    attn.eval()
+    assert takes_sample_tables(processor)
+    g = torch.Generator().manual_seed(2)
+    batch = 2
+    image = torch.randn(batch, ROWS, DIM, generator=g)
+    text = torch.randn(batch, TEXT, DIM, generator=g) if parts["text"] else None
+    cos, sin = per_sample_tables(batch, ROWS + (TEXT if parts["text"] else 0))
+    kwargs = {"ip_hidden_states": [torch.randn(batch, 4, IP_DIM, generator=g)]} if parts.get("ip") else {}
+
+    def call(b: slice | None, rotary: tuple) -> object:
+        pick = (lambda x: x) if b is None else (lambda x: x[b])
+        extra = {k: [pick(t) for t in v] for k, v in kwargs.items()}
+        if parts["text"]:
+            return processor(attn, pick(image), pick(text), image_rotary_emb=rotary, **extra)
+        return processor(attn, pick(image), image_rotary_emb=rotary, **extra)
+
+    with torch.no_grad():
+        batched = call(None, (SampleTables(cos), SampleTables(sin)))
+        alone = [call(slice(b, b + 1), (cos[b], sin[b])) for b in range(batch)]
+    batched = batched if isinstance(batched, tuple) else (batched,)
+    alone = [out if isinstance(out, tuple) else (out,) for out in alone]
+    assert len(batched) == len(alone[0]) == (3 if parts.get("ip") else 2 if parts["text"] else 1)
+    for got, *parts_alone in zip(batched, *alone, strict=True):
+        torch.testing.assert_close(got, torch.cat(parts_alone), rtol=1e-6, atol=1e-6)
+
+
+class OwnFlux(FluxAttnProcessor):
+    """A subclass of Flux's processor: it could read its rotary table any way, so it gets one per sample."""
+
+
+class OwnRotary:
+    """A user's own processor that rotates with diffusers' `apply_rotary_emb`; records the tables it got."""
+
+    def __init__(self) -> None:
+        self.inner = FluxAttnProcessor()
+        self.seen: list[tuple[int, object]] = []
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        self.seen.append((hidden_states.shape[0], image_rotary_emb))
+        return self.inner(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+
+
+OPTIONS = [
+    pytest.param({}, id="default"),
+    pytest.param({"use_rand": False, "ratio": 0.5}, id="fixed"),
+    pytest.param({"share_level": True}, id="share_level"),
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_flux_batch_in_one_call_matches_one_sample_at_a_time(batch, options, one_thread):
+    model, inputs = tiny_flux(2, 2), flux_inputs(batch=batch)
+    calls = []
+    original = FluxAttnProcessor.__call__
+
+    def recording(self, attn, hidden_states, *args, **kwargs):
+        calls.append((hidden_states.shape[0], args[2] if len(args) > 2 else kwargs.get("image_rotary_emb")))
+        return original(self, attn, hidden_states, *args, **kwargs)
+
+    tp.apply_tome(model, **options)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(FluxAttnProcessor, "__call__", recording)
+        batched = run(model, inputs)
+    tp.remove_tome(model)
+    assert len(calls) == 4 and all(size == batch for size, _ in calls)  # one call per block, the whole batch
+    assert all(isinstance(table, SampleTables) for _, rotary in calls for table in rotary)
+
+    model.set_attn_processor(OwnFlux())
+    tp.apply_tome(model, **options)
+    alone = run(model, inputs)  # one sample at a time
+    if batch == 1:
+        assert torch.equal(batched, alone)  # the same ops on the same values
+    else:
+        torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-5)
+    tp.remove_tome(model)
+    assert not torch.equal(run(model, inputs), alone)  # ToMe changed the output: the comparison means something
+
+
+def test_a_users_own_rotary_processor_runs_one_sample_at_a_time_and_agrees(one_thread):
+    model, inputs = tiny_flux(2, 2), flux_inputs(batch=2)
+    tp.apply_tome(model, ratio=0.5)
+    batched = run(model, inputs)
+    tp.remove_tome(model)
+    own = OwnRotary()
+    model.set_attn_processor(own)
+    tp.apply_tome(model, ratio=0.5)
+    torch.testing.assert_close(run(model, inputs), batched, rtol=1e-5, atol=1e-5)
+    assert len(own.seen) == 2 * 4  # each of the four blocks once per sample
+    for size, (cos, sin) in own.seen:  # plain tables, one sample's
+        assert size == 1 and type(cos) is torch.Tensor and cos.ndim == 2 and sin.shape == cos.shape
+
+
+def _ip_adapter_processors(model: torch.nn.Module, cls: type, state: dict | None = None) -> dict:
+    """Flux's IP-Adapter processor (`cls`) on the double-stream blocks, Flux's own on the single-stream ones."""
+    processors = {}
+    for name in model.attn_processors:
+        if name.startswith("transformer_blocks."):
+            torch.manual_seed(3)
+            processor = cls(model.inner_dim, IP_DIM, num_tokens=(4,), scale=0.7)
+            if state is not None:
+                processor.load_state_dict(state)
+            processors[name] = processor
+        else:
+            processors[name] = FluxAttnProcessor()
+    return processors
+
+
+def test_flux_ip_adapter_batch_in_one_call_matches_one_sample_at_a_time(one_thread):
+    class OwnIPAdapter(FluxIPAdapterAttnProcessor):
+        pass
+
+    model, inputs = tiny_flux(2, 2), flux_inputs(batch=2)
+    ip = torch.randn(2, 4, IP_DIM, generator=torch.Generator().manual_seed(4))
+    inputs["joint_attention_kwargs"] = {"ip_hidden_states": [ip]}
+    processors = _ip_adapter_processors(model, FluxIPAdapterAttnProcessor)
+    state = next(iter(processors.values())).state_dict()
+    model.set_attn_processor(processors)
+    tp.apply_tome(model, ratio=0.5)
+    batched = run(model, inputs)
+    without_ip = run(model, {**inputs, "joint_attention_kwargs": {"ip_hidden_states": [torch.zeros_like(ip)]}})
+    tp.remove_tome(model)
+    model.set_attn_processor(_ip_adapter_processors(model, OwnIPAdapter, state))
+    tp.apply_tome(model, ratio=0.5)
+    alone = run(model, inputs)
+    torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(batched, without_ip, atol=1e-4)  # the image prompt reached the output
