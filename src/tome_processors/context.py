@@ -372,11 +372,15 @@ SLOT_ATTR = "_tome_slot"
 
 
 class AttentionSlot:
-    """Where an attention module sits: its block's state, self- or cross-attention, its token layout."""
+    """Where an attention module sits: its block's state, self- or cross-attention, its token layout, and
+    the processor class its model builds it with (what a `ToMeProcessor()` without an inner one runs)."""
 
-    __slots__ = ("block", "is_cross", "layout")
+    __slots__ = ("block", "built_with", "is_cross", "layout")
 
-    def __init__(self, block: BlockState, is_cross: bool, layout: Layout = Layout.IMAGE) -> None:
+    def __init__(
+        self, block: BlockState, is_cross: bool, layout: Layout = Layout.IMAGE, built_with: type | None = None
+    ) -> None:
         self.block = block
         self.is_cross = is_cross
         self.layout = layout
+        self.built_with = built_with

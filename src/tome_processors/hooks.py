@@ -41,7 +41,7 @@ from ._similarity import is_compiling
 from .arguments import argument
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot, BlockState, HostSchedule, ModelState
-from .families import BlockSite, Family, attention_levels, family_of
+from .families import BlockSite, Family, attention_levels, class_default_processor, family_of
 from .merge import release_buffers
 
 logger = logging.getLogger(__name__)
@@ -264,7 +264,9 @@ def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState
     context.handles.append(block.register_forward_hook(block_post_hook, with_kwargs=True, always_call=True))
 
     for attention in site.attentions:
-        setattr(attention.module, SLOT_ATTR, AttentionSlot(block_state, attention.is_cross, attention.layout))
+        built_with = attention.built_with or class_default_processor(attention.module)
+        slot = AttentionSlot(block_state, attention.is_cross, attention.layout, built_with)
+        setattr(attention.module, SLOT_ATTR, slot)
         context.slotted.append(attention.module)
 
     if config.merge_mlp and site.feed_forward is not None:

@@ -27,7 +27,15 @@ from typing import Any
 
 import torch
 
-from .apply import apply_tome, denoiser_of, remove_tome, resolve_config, target_models, unwrap_processors
+from .apply import (
+    apply_tome,
+    denoiser_of,
+    inner_processor,
+    remove_tome,
+    resolve_config,
+    target_models,
+    unwrap_processors,
+)
 from .config import Preset, ToMeConfig
 from .hooks import attention_modules, context_of, unwatch_schedule, watch_schedule
 from .processor import ToMeProcessor
@@ -110,8 +118,8 @@ class _Keeper:
             processor = attn.processor
             if processor is self.wrappers[index]:
                 continue
-            if isinstance(processor, ToMeProcessor):
-                processor = processor.inner
+            if isinstance(processor, ToMeProcessor):  # its inner one (one made without: the module's own)
+                processor = inner_processor(self.model, attn)
             previous = self.wrappers[index]
             if previous is not None and previous.inner is processor:
                 wrapper = previous  # same inner processor: keep the same wrapper object
@@ -288,7 +296,7 @@ def _forget_model(model: torch.nn.Module) -> None:
     saved = getattr(model, "original_attn_processors", None)
     if isinstance(saved, dict):
         for name, processor in saved.items():
-            if isinstance(processor, ToMeProcessor):
+            if isinstance(processor, ToMeProcessor) and processor.inner is not None:
                 saved[name] = processor.inner
 
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from diffusers.models.attention_processor import Attention
+import torch.nn.functional as F
+from diffusers.models.attention import AttentionModuleMixin
+from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 
 from ..arguments import argument
 
@@ -27,11 +29,17 @@ class Layout(enum.Enum):
 
 @dataclass(frozen=True)
 class AttentionSite:
-    """An attention module to wrap: whether it is cross-attention and how its tokens are laid out."""
+    """An attention module to wrap: whether it is cross-attention and how its tokens are laid out.
+
+    `built_with` is the processor class the model builds this module with, where that is not its
+    class's default (`class_default_processor`): SD3 builds its `Attention` modules with
+    `JointAttnProcessor2_0`. A `ToMeProcessor()` made without an inner processor runs that one.
+    """
 
     module: torch.nn.Module
     is_cross: bool
     layout: Layout = Layout.IMAGE
+    built_with: type | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,29 @@ def is_mergeable_attention(attn: Any) -> bool:
         and getattr(attn, "group_norm", None) is None
         and getattr(attn, "spatial_norm", None) is None
     )
+
+
+def class_default_processor(attn: torch.nn.Module) -> type | None:
+    """The processor class `attn`'s class builds it with by default, or None where the class alone cannot tell.
+
+    `Attention` builds `AttnProcessor2_0` (`AttnProcessor` without `scale_qk`), but models build its
+    joint and added-K/V variants with processors of their own; the newer attention classes
+    (`FluxAttention`, ...) name theirs in `_default_processor_cls`.
+
+    Example:
+        >>> from diffusers.models.attention_processor import Attention
+        >>> class_default_processor(Attention(query_dim=8)).__name__
+        'AttnProcessor2_0'
+        >>> class_default_processor(Attention(query_dim=8, added_kv_proj_dim=8)) is None
+        True
+    """
+    if isinstance(attn, Attention):
+        if getattr(attn, "added_kv_proj_dim", None) is not None or getattr(attn, "context_pre_only", None) is not None:
+            return None  # joint or added-K/V attention: each model builds it with a processor of its choosing
+        sdpa = hasattr(F, "scaled_dot_product_attention") and getattr(attn, "scale_qk", True)
+        return AttnProcessor2_0 if sdpa else AttnProcessor
+    default = getattr(type(attn), "_default_processor_cls", None)
+    return default if isinstance(attn, AttentionModuleMixin) and isinstance(default, type) else None
 
 
 class Family:
@@ -90,6 +121,19 @@ class Family:
     def auto_downsample(self, model: torch.nn.Module) -> int:
         """What `max_downsample="auto"` means: every transformer block works at the patch grid."""
         return 1
+
+    def built_processor(self, model: torch.nn.Module, attn: torch.nn.Module) -> type | None:
+        """The processor class `model` builds its attention module `attn` with, or None where unknown.
+
+        A block site's `built_with`, else the class's default (`class_default_processor`). A family whose
+        models build attention with another processor declares it on its sites (tests/test_default_inner.py
+        checks every family against freshly built models).
+        """
+        for site in self.blocks(model):
+            for attention in site.attentions:
+                if attention.module is attn and attention.built_with is not None:
+                    return attention.built_with
+        return class_default_processor(attn)
 
     def preset_options(self, name: str, model: torch.nn.Module | None = None) -> dict[str, Any]:
         """The `ToMeConfig` fields of preset `name` on `model` (or on the family's usual layout), defaults included.
