@@ -165,3 +165,34 @@ def remove_tome(model_or_pipeline: T) -> T:
 def is_tome_applied(model_or_pipeline: Any) -> bool:
     """Whether ToMe's merge context is installed on the model (or the pipeline's denoiser)."""
     return any(context_of(m) is not None for m in target_models(model_or_pipeline))
+
+
+def new_generation(model_or_pipeline: Any) -> None:
+    """Start a new generation: the next forward is its first step, whatever ran before.
+
+    ToMe keeps merges across steps with `recompute_every`. Pipeline calls start afresh by themselves (see
+    docs/guarantees.md); a loop of your own starts afresh by itself where it calls the model with views
+    of `scheduler.timesteps` (`for t in scheduler.timesteps`) or, on Flux, with `img_ids` made for it.
+    Call this before a generation where it cannot be seen: timesteps made for each call
+    (`unet(x, torch.tensor(t))`), Flux's `img_ids` reused from an earlier generation.
+
+    Args:
+        model_or_pipeline: a model (or a pipeline's denoiser) with ToMe on it, applied or set with
+            `set_attn_processor(ToMeProcessor(...))`.
+
+    Example:
+        >>> import tome_processors
+        >>> tome_processors.new_generation(unet)  # doctest: +SKIP
+        >>> for t in (999, 500, 1):  # doctest: +SKIP
+        ...     noise = unet(latents, torch.tensor(t), text).sample
+    """
+    models = target_models(model_or_pipeline)
+    for model in models:  # checked before anything changes
+        if context_of(model) is None and not any(
+            isinstance(getattr(attn, "processor", None), ToMeProcessor) for attn in attention_modules(model)
+        ):
+            raise ValueError(f"Expected a model with ToMe on it, but got {type(model).__name__} without it.")
+    for model in models:
+        context = context_of(model)
+        if context is not None:  # a processor not attached yet starts afresh at its first forward
+            context.reset()

@@ -113,7 +113,9 @@ class ModelHooks:
         if state.config.ratio_start is not None and self.schedule is not None:
             # The argument as passed (a view of the schedule), not the family's rescaled copy.
             value = self.schedule.value_for(argument(args, kwargs, family.timestep_position, "timestep"))
-        state.begin(grid, family.timestep(args, kwargs), value)
+        # Only reuse across steps (`recompute_every`) carries anything from one forward into the next.
+        marker = family.generation_marker(args, kwargs) if state.config.recompute_every > 1 else None
+        state.begin(grid, family.timestep(args, kwargs), value, marker)
 
     def block_of(self, module: torch.nn.Module) -> BlockState | None:
         for block_module, block in zip(self.block_modules, self.blocks, strict=True):
@@ -310,8 +312,8 @@ def set_timestep_schedule(model: torch.nn.Module, timesteps: torch.Tensor | None
     forward's timestep in it by where that tensor sits (see `HostSchedule`): call the model with the
     schedule's entries (`for t in scheduler.timesteps`), or views of them. A forward called otherwise
     reads its timestep as before. Pipelines with ToMe applied (`apply_tome(pipe)`, `enable_tome`) do
-    this themselves. The schedule is dropped at the end of a generation (a reset of ToMe's state) or
-    with `None`.
+    this themselves. Giving a schedule also starts a new generation (as `new_generation`). The schedule
+    is dropped at a reset of ToMe's state (a new generation) or with `None`.
 
     Args:
         model: a model with ToMe applied.
@@ -326,7 +328,9 @@ def set_timestep_schedule(model: torch.nn.Module, timesteps: torch.Tensor | None
     context = context_of(model)
     if context is None:
         raise ValueError(f"Expected a model with ToMe applied, but got {type(model).__name__} without it.")
-    context.schedule = HostSchedule(timesteps) if timesteps is not None else None
+    schedule = HostSchedule(timesteps) if timesteps is not None else None  # checked before anything changes
+    context.reset()
+    context.schedule = schedule
 
 
 #: Marks the `progress_bar` that `watch_schedule` put on a pipeline (and holds what it replaced).
@@ -334,25 +338,25 @@ _WATCHING = "_tome_replaced"
 
 
 def watch_schedule(pipeline: Any, models: Sequence[torch.nn.Module]) -> None:
-    """Give `models` the pipeline's timesteps at the start of every denoising loop (for `ratio_start`).
+    """Start a new generation on `models` at the start of every denoising loop of `pipeline`.
 
     Every diffusers pipeline opens its denoising loop with `self.progress_bar(...)`, after
-    `scheduler.set_timesteps` (and img2img's `set_begin_index`): wrapped on the instance, it copies
-    `pipeline.scheduler.timesteps` to the host there, once per generation and outside any forward,
-    for the models with ToMe whose configuration has `ratio_start`. Without such a model nothing is
-    wrapped; watching again replaces an earlier watch.
+    `scheduler.set_timesteps` (and img2img's `set_begin_index`): wrapped on the instance, it resets the
+    state ToMe keeps across steps (`recompute_every`) there, however the last call ended (a callback or
+    `KeyboardInterrupt` that stopped it midway), and for the models whose configuration has
+    `ratio_start` copies `pipeline.scheduler.timesteps` to the host, once per generation and outside any
+    forward. Watching again replaces an earlier watch; without a model with ToMe nothing is wrapped.
     """
     unwatch_schedule(pipeline)
     models = list(models)
-    configs = [context.model_state.config for context in map(context_of, models) if context is not None]
     original = getattr(pipeline, "progress_bar", None)
-    if not callable(original) or not any(config.ratio_start is not None for config in configs):
+    if not callable(original) or all(context_of(model) is None for model in models):
         return
     own = pipeline.__dict__.get("progress_bar")  # an instance attribute there before us, put back after
 
     @functools.wraps(original)
     def progress_bar(*args: Any, **kwargs: Any) -> Any:
-        _capture_schedule(pipeline, models)
+        _start_generation(pipeline, models)
         return original(*args, **kwargs)
 
     setattr(progress_bar, _WATCHING, (own,))
@@ -372,8 +376,11 @@ def unwatch_schedule(pipeline: Any) -> None:
         pipeline.__dict__["progress_bar"] = own
 
 
-def _capture_schedule(pipeline: Any, models: list[torch.nn.Module]) -> None:
-    contexts = [c for c in map(context_of, models) if c is not None and c.model_state.config.ratio_start is not None]
+def _start_generation(pipeline: Any, models: list[torch.nn.Module]) -> None:
+    contexts = [c for c in map(context_of, models) if c is not None]
+    for context in contexts:
+        context.reset()
+    contexts = [c for c in contexts if c.model_state.config.ratio_start is not None]
     if not contexts:
         return
     timesteps = getattr(getattr(pipeline, "scheduler", None), "timesteps", None)

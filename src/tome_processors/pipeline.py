@@ -257,7 +257,7 @@ def enable_tome(
         object.__setattr__(pipe, _END_OF_CALL, _resetting(state, original))
         state.methods.append(_END_OF_CALL)
     object.__setattr__(pipe, PIPELINE_ATTR, state)
-    watch_schedule(pipe, models)  # `ratio_start`: the timesteps to the host once per generation
+    watch_schedule(pipe, models)  # a new generation at every denoising loop; `ratio_start`: its timesteps
     logger.debug("ToMe enabled on %s: %s", type(pipe).__name__, config)
     return pipe
 

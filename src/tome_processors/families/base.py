@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 
+from .._similarity import is_compiling
 from ..arguments import argument
 
 
@@ -153,6 +154,29 @@ class Family:
             return None
         return int(x.shape[-2]) // patch, int(x.shape[-1]) // patch
 
+    def generation_marker(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """A tensor of this forward whose storage is one for every forward of a generation and new in the next,
+        or None where the call tells nothing.
+
+        Pipelines call the model with views of `scheduler.timesteps` (`for t in timesteps`, `t.expand(batch)`,
+        img2img's `timesteps[t_start:]`) and every `scheduler.set_timesteps` makes a new tensor, so the
+        schedule the timestep views marks the generation. A timestep that views no schedule (a tensor made
+        for the call, a number) tells nothing. Only host metadata is read; nothing under `torch.compile`.
+
+        Example:
+            >>> from tome_processors.families import FAMILIES
+            >>> schedule = torch.tensor([999.0, 500.0, 1.0])
+            >>> unet = FAMILIES["unet"]()
+            >>> unet.generation_marker((None, next(iter(schedule))), {}) is not None
+            True
+            >>> unet.generation_marker((None, torch.tensor(500.0)), {}) is None
+            True
+        """
+        if is_compiling():
+            return None
+        timestep = argument(args, kwargs, self.timestep_position, "timestep")
+        return timestep if views_a_schedule(timestep) else None
+
     def timestep(self, args: tuple, kwargs: dict) -> object:
         """The timestep of this forward on the 0..1000 scale (tensor, number or None)."""
         t = argument(args, kwargs, self.timestep_position, "timestep")
@@ -171,6 +195,24 @@ class Family:
                 f'Expected mode="merge" on {type(model).__name__} (its joint attention computes keys and values '
                 f"from the same tokens as the queries), but got mode={config.mode!r}."
             )
+
+
+def views_a_schedule(timestep: object) -> bool:
+    """Whether `timestep` is a view of a 1-D tensor of several timesteps (host metadata only).
+
+    Example:
+        >>> schedule = torch.tensor([999.0, 500.0, 1.0])
+        >>> views_a_schedule(schedule[2]), views_a_schedule(schedule[1].expand(2)), views_a_schedule(torch.tensor(1.0))
+        (True, True, False)
+    """
+    if not isinstance(timestep, torch.Tensor) or timestep.numel() == 0:
+        return False
+    base = timestep._base
+    if base is not None:
+        return base.ndim == 1
+    # Inference tensors keep no `_base`: a tensor that spans less than its storage is a view of more.
+    span = 1 + sum((size - 1) * stride for size, stride in zip(timestep.shape, timestep.stride(), strict=True))
+    return timestep.untyped_storage().nbytes() > span * timestep.element_size()
 
 
 def max_downsample_for_levels(first_level: int, levels: int) -> int:
