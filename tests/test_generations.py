@@ -136,12 +136,13 @@ OPTIONS = [
 
 
 @pytest.mark.parametrize(("options", "steps"), OPTIONS)
-@pytest.mark.parametrize("how", ["set_attn_processor", "apply_tome(pipe)"])
 @pytest.mark.parametrize("family", FAMILY_PIPELINES)
-def test_same_seed_same_image_for_every_option(family, how, options, steps, tmp_path):
+def test_same_seed_same_image_for_every_option(family, options, steps, tmp_path):
+    if family == "pixart" and steps == 1:
+        pytest.skip("PixArtAlphaPipeline's one-step path indexes past the scheduler's output (diffusers 0.42.1)")
     pipe, args = family_pipeline(family, tmp_path)
     args = dict(args, num_inference_steps=steps)
-    turn_on(how, pipe, ratio=0.5, **options)
+    turn_on("set_attn_processor", pipe, ratio=0.5, **options)  # the way that sees least of the pipeline
     first = generate(pipe, args)
     generate(pipe, args, seed=1)  # another image in between: nothing of it may be kept
     generate(pipe, dict(args, num_inference_steps=steps + 1))  # nor of another schedule
@@ -176,7 +177,7 @@ def test_a_call_stopped_midway_leaves_the_next_call_unchanged(family, how, error
     assert np.array_equal(generate(pipe, args), first)
 
 
-@pytest.mark.parametrize("how", ["set_attn_processor", "apply_tome(pipe)", "enable_tome"])
+@pytest.mark.parametrize("how", ["set_attn_processor", "apply_tome(pipe)"])
 @pytest.mark.parametrize("family", FAMILY_PIPELINES)
 def test_pipelines_made_with_from_pipe_share_the_denoiser_and_start_afresh(family, how, tmp_path):
     pipe, args = family_pipeline(family, tmp_path)
