@@ -127,6 +127,7 @@ class ToMeProcessor(torch.nn.Module):
         # Attention modules where this processor, set without `apply_tome`, found nothing to attach to.
         self._passed_through = PassedThrough()
         self._built = _BuiltProcessors()  # without an inner processor: what runs on those modules
+        self._sdpa = AttnProcessor2_0() if inner is None else None  # ... under torch.compile on `Attention`
 
     def extra_repr(self) -> str:
         inner = type(self.inner).__name__ if self.inner is not None else "each module's own"
@@ -204,6 +205,9 @@ class ToMeProcessor(torch.nn.Module):
     ) -> Any:
         """A call without an inner processor: run the one `attn` is built with (module doc of `built_inner`)."""
         if slot is None:  # nothing merged here (the VAE's attention, a module called on its own)
+            if is_compiling():  # no weak mapping inside a traced graph: `Attention`'s default, made at construction
+                inner = self._sdpa if class_default_processor(attn) is AttnProcessor2_0 else self.built_inner(attn)
+                return inner(attn, hidden_states, *args, **kwargs)
             inner = self._built.get(attn)
             if inner is None:
                 inner = self.built_inner(attn)
