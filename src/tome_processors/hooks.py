@@ -14,8 +14,10 @@ Two kinds of hook, each where it serves:
   `HookRegistry` wrapper installed after it (checked: such a hook ran in the first pipeline call
   only). Post-hooks with `always_call=True` clear a block's tensors even when the block raises.
 - One named, stateful diffusers `ModelHook` on the model holds the `ModelHooks` (no attribute of
-  our own on the model) and gets diffusers' per-generation reset: every pipeline ends its
-  `__call__` with `maybe_free_model_hooks()`, which calls `reset_stateful_hooks` on the denoiser.
+  our own on the model) and gets diffusers' reset: pipelines end `__call__` with
+  `maybe_free_model_hooks()`, which resets the denoisers that have `_reset_stateful_cache` (Flux's).
+  Nothing depends on that end: a generation's start is seen by the model pre-hook (a new generation
+  marker, `Family.generation_marker`) and by the pipeline's `progress_bar` (`watch_schedule`).
   Its forward wrapper does nothing, so losing it to a rewrite of `forward` costs nothing.
 
 The model pre-hook also stands the context down: when no attention module of the model holds a

@@ -264,8 +264,9 @@ def enable_tome(
 
 def _resetting(state: _PipelineState, method: Callable[..., Any]) -> Callable[..., Any]:
     # Every pipeline ends `__call__` with `maybe_free_model_hooks()`, which resets the stateful hooks of
-    # only the models that have `_reset_stateful_cache` (not UNets): a generation ends here for ToMe too,
-    # so reuse across steps (`recompute_every`) starts afresh and the same seed gives the same image.
+    # only the models that have `_reset_stateful_cache` (not UNets): reset ToMe here too, which lets the
+    # kept merges go between calls. A generation's start does not depend on it (a stopped call never gets
+    # here): the progress_bar wrapper and the model's generation marker start it (docs/guarantees.md).
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> Any:
         result = method(*args, **kwargs)
