@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline
@@ -15,7 +16,9 @@ from transformers import (
     CLIPTextModel,
 )
 
-from tome_processors.bench.pipelines import write_clip_tokenizer
+from tome_processors.bench.dit import build_transformer
+from tome_processors.bench.generate import pipeline_call_kwargs
+from tome_processors.bench.pipelines import build_pipeline, write_clip_tokenizer
 
 from models import CROSS_DIM, tiny_unet
 
@@ -98,3 +101,24 @@ def save_tiny_clip(folder: str | Path) -> Path:
     image_processor = CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(folder)
     return folder
+
+
+#: The families' tiny pipelines: `family_pipeline(name, ...)`.
+FAMILY_PIPELINES = ("sd", "pixart", "sd3", "flux")
+
+
+def family_pipeline(family: str, tmp_path: str | Path) -> tuple[Any, dict]:
+    """A tiny offline pipeline of `family` (`FAMILY_PIPELINES`) and the arguments of a small generation.
+
+    SD: `tiny_sd_pipeline` (DDIM, 32 px); PixArt, SD3 and FLUX.1: the bench's `--quick` pipelines
+    (their published schedulers, 64 px).
+    """
+    if family == "sd":
+        return tiny_sd_pipeline(tmp_path), dict(prompt="a cat", height=32, width=32, output_type="np")
+    built = build_pipeline(build_transformer(family, quick=True), family, quick=True)
+    args = dict(prompt="a cat", height=64, width=64, output_type="np", **built.call_kwargs)
+    return built.pipe, {**args, **pipeline_call_kwargs(built.pipe)}
+
+
+def denoiser(pipe: Any) -> torch.nn.Module:
+    return pipe.unet if hasattr(pipe, "unet") else pipe.transformer

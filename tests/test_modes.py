@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers.hooks import HookRegistry
 from diffusers.models.attention_processor import AttnProcessor2_0
 
 import tome_processors.context as context_module
 from tome_processors import ToMeConfig, apply_tome, remove_tome
 
 from models import run_unet, tiny_unet, unet_inputs
+from pipelines import tiny_sd_pipeline
 
 
 @pytest.fixture
@@ -80,19 +80,18 @@ def test_share_level_computes_one_merge_per_level_and_forward(unet, monkeypatch)
     assert torch.isfinite(shared).all() and not torch.equal(shared, per_block)
 
 
-def test_recompute_every_reuses_merges_across_steps(unet, monkeypatch):
+def test_recompute_every_reuses_merges_across_steps(tmp_path, monkeypatch):
+    # Through a pipeline, as users run it: every denoising step is one forward of the UNet (classifier-free
+    # guidance batched), and the next call starts a new generation by itself (nothing resets in its place).
+    pipe = tiny_sd_pipeline(tmp_path)
+    apply_tome(pipe.unet, ratio=0.5, recompute_every=2)
     calls = count_matchings(monkeypatch)
-    sample, _, text, _ = unet_inputs(unet)
-    apply_tome(unet, ratio=0.5, recompute_every=2)
-    # Steps are counted on the host (the timestep is never read back): every forward is a step, and a
-    # new generation starts at a reset, which diffusers pipelines trigger after every call.
-    for t in (999, 800, 600, 400, 200):
-        run_unet(unet, sample, torch.tensor(t), text)
-    assert calls.count(256) == 3 * 3  # steps 0, 2 and 4 compute, 3 blocks each
-    HookRegistry.check_if_exists_or_initialize(unet).reset_stateful_hooks()  # what pipelines do after a call
-    for t in (999, 800):
-        run_unet(unet, sample, torch.tensor(t), text)
-    assert calls.count(256) == 3 * 4  # the new generation's step 0
+    args = dict(prompt="a cat", height=32, width=32, output_type="np")  # a 16x16 latent: 256 tokens
+    with torch.no_grad():
+        pipe(**args, num_inference_steps=5)
+        assert calls.count(256) == 3 * 3  # steps 0, 2 and 4 compute, 3 blocks each
+        pipe(**args, num_inference_steps=2)
+    assert calls.count(256) == 3 * 4  # the new generation's step 0 computes, its step 1 reuses
 
 
 def test_recompute_every_counts_two_calls_with_one_timestep_as_one_step(unet, monkeypatch):

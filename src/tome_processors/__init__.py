@@ -6,7 +6,7 @@ Example:
     >>> pipe.unet.set_attn_processor(tome_processors.ToMeProcessor(ratio=0.5))  # doctest: +SKIP
 """
 
-from .apply import apply_tome, is_tome_applied, remove_tome
+from .apply import apply_tome, is_tome_applied, new_generation, remove_tome
 from .config import ToMeConfig
 from .hooks import set_timestep_schedule
 from .pipeline import ToMeMixin, disable_tome, enable_tome, patch_pipelines, unpatch_pipelines
@@ -23,6 +23,7 @@ __all__ = [
     "disable_tome",
     "enable_tome",
     "is_tome_applied",
+    "new_generation",
     "patch_pipelines",
     "remove_tome",
     "set_timestep_schedule",

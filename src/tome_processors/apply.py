@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import torch
 
 from .config import Preset, ToMeConfig
-from .families import Family, family_of
+from .families import Family, family_of, find_family
 from .hooks import attention_modules, context_of, install, unwatch_schedule, warn_if_merges_nothing, watch_schedule
 from .processor import ToMeProcessor
 
@@ -61,11 +61,27 @@ def _check_mergeable(model: torch.nn.Module) -> Family:
     return family
 
 
+def inner_processor(model: torch.nn.Module, attn: torch.nn.Module, family: Family | None = None) -> Any:
+    """The processor ToMe runs on `attn`, an attention module of `model`: its processor, or a `ToMeProcessor`'s
+    inner one (for a `ToMeProcessor()` without one, a new processor of the class `model` builds `attn` with).
+
+    Raises:
+        ValueError: for a `ToMeProcessor()` without an inner processor where that class is unknown.
+    """
+    processor = attn.processor
+    if not isinstance(processor, ToMeProcessor):
+        return processor
+    family = family if family is not None else find_family(model)
+    return processor.built_inner(attn, family.built_processor(model, attn) if family is not None else None)
+
+
 def unwrap_processors(model: torch.nn.Module) -> None:
-    """Put every wrapped attention module's inner processor back in place."""
-    for attn in attention_modules(model):
-        if isinstance(attn.processor, ToMeProcessor):
-            attn.set_processor(attn.processor.inner)
+    """Put every wrapped attention module's inner processor back in place (all found before any is set)."""
+    family = find_family(model)
+    inners = [(attn, inner_processor(model, attn, family)) for attn in attention_modules(model)]
+    for attn, inner in inners:
+        if attn.processor is not inner:
+            attn.set_processor(inner)
 
 
 def resolve_config(
@@ -117,9 +133,10 @@ def apply_tome(
     for model, family, model_config in plans:
         warn_if_merges_nothing(model, model_config, stacklevel=2)
         remove_tome(model)
+        inners = [(attn, inner_processor(model, attn, family)) for attn in attention_modules(model)]
         context = install(model, model_config, family, ToMeProcessor)
-        for attn in attention_modules(model):
-            attn.set_processor(ToMeProcessor(attn.processor, model_config))
+        for attn, inner in inners:
+            attn.set_processor(ToMeProcessor(inner, model_config))
         logger.debug("ToMe applied to %s: %d blocks", type(model).__name__, len(context.blocks))
     if not isinstance(model_or_pipeline, torch.nn.Module):  # `ratio_start` finds its timesteps on the host
         watch_schedule(model_or_pipeline, models)
@@ -148,3 +165,34 @@ def remove_tome(model_or_pipeline: T) -> T:
 def is_tome_applied(model_or_pipeline: Any) -> bool:
     """Whether ToMe's merge context is installed on the model (or the pipeline's denoiser)."""
     return any(context_of(m) is not None for m in target_models(model_or_pipeline))
+
+
+def new_generation(model_or_pipeline: Any) -> None:
+    """Start a new generation: the next forward is its first step, whatever ran before.
+
+    ToMe keeps merges across steps with `recompute_every`. Pipeline calls start afresh by themselves (see
+    docs/guarantees.md); a loop of your own starts afresh by itself where it calls the model with views
+    of `scheduler.timesteps` (`for t in scheduler.timesteps`) or, on Flux, with `img_ids` made for it.
+    Call this before a generation where it cannot be seen: timesteps made for each call
+    (`unet(x, torch.tensor(t))`), Flux's `img_ids` reused from an earlier generation.
+
+    Args:
+        model_or_pipeline: a model (or a pipeline's denoiser) with ToMe on it, applied or set with
+            `set_attn_processor(ToMeProcessor(...))`.
+
+    Example:
+        >>> import tome_processors
+        >>> tome_processors.new_generation(unet)  # doctest: +SKIP
+        >>> for t in (999, 500, 1):  # doctest: +SKIP
+        ...     noise = unet(latents, torch.tensor(t), text).sample
+    """
+    models = target_models(model_or_pipeline)
+    for model in models:  # checked before anything changes
+        if context_of(model) is None and not any(
+            isinstance(getattr(attn, "processor", None), ToMeProcessor) for attn in attention_modules(model)
+        ):
+            raise ValueError(f"Expected a model with ToMe on it, but got {type(model).__name__} without it.")
+    for model in models:
+        context = context_of(model)
+        if context is not None:  # a processor not attached yet starts afresh at its first forward
+            context.reset()

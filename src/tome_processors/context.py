@@ -50,9 +50,11 @@ class ModelState:
         timestep: the current forward's timestep as given (a tensor stays on its device).
         timestep_value: the timestep as a number, only for `ratio_start`: from the generation's
             `HostSchedule` where it has this forward's timestep, else read on the host.
-        step: denoising steps since the last `reset()`, for `recompute_every`: a forward with another
+        step: denoising steps since the generation started, for `recompute_every`: a forward with another
             timestep object (or number) than the last is a new step, so two calls of one step (an
-            unbatched classifier-free guidance) share it; nothing is read from the device.
+            unbatched classifier-free guidance) share it; nothing is read from the device. A generation
+            starts at `reset()` and at a forward whose generation marker (`Family.generation_marker`: the
+            schedule a pipeline's timestep views, Flux's `img_ids`) is another than the last one's.
         num_blocks: blocks registered (`BlockState`), for drawing every block's destinations at once.
         kept: merges kept for `recompute_every`.
     """
@@ -81,6 +83,9 @@ class ModelState:
     # number) and whether the last forward ran in inference mode.
     _last_timestep: object = None
     _inference: bool | None = None
+    # The current generation's marker (`Family.generation_marker`), held so that no later tensor can take
+    # its storage's address while it is compared with.
+    _generation: torch.Tensor | None = None
 
     def reset(self) -> None:
         """Forget the current generation: the next forward is its first step."""
@@ -89,18 +94,28 @@ class ModelState:
         self.timestep_value = None
         self.step = 0
         self._last_timestep = None
+        self._generation = None
         self._plans = ()
         self._stacks = ()
         self._shared = ()
         self.kept.clear()
 
-    def begin(self, latent_hw: tuple[int, int], timestep: object, timestep_value: float | None = None) -> None:
+    def begin(
+        self,
+        latent_hw: tuple[int, int],
+        timestep: object,
+        timestep_value: float | None = None,
+        marker: torch.Tensor | None = None,
+    ) -> None:
         """Record the token grid (a UNet's latent, a transformer's patch grid) and timestep of a forward.
 
         Nothing is read back from the device: the random choice keys on the timestep tensor itself, and
         `ratio_start` takes `timestep_value` (the timestep as found in a `HostSchedule`), reading the
-        timestep on the host only where that is None.
+        timestep on the host only where that is None. `marker` (`Family.generation_marker`, or None where
+        the call tells nothing) starts a new generation where its storage is another than the last one's.
         """
+        if self.config.recompute_every > 1 and marker is not None:
+            self._follow_generation(marker)
         if self.latent_hw is not None and latent_hw != self.latent_hw:
             self.kept.clear()  # another image size: merges kept for reuse no longer fit
         self.latent_hw = latent_hw
@@ -112,6 +127,16 @@ class ModelState:
             self._count_step(timestep)
         if self.config.ratio_start is not None:
             self.timestep_value = timestep_value if timestep_value is not None else _timestep_value(timestep)
+
+    def _follow_generation(self, marker: torch.Tensor) -> None:
+        last = self._generation
+        # Storage addresses are host metadata (no device read); the last marker is held, so a new
+        # tensor cannot have its address.
+        if last is None or last.untyped_storage().data_ptr() != marker.untyped_storage().data_ptr():
+            self.step = 0
+            self._last_timestep = None
+            self.kept.clear()
+        self._generation = marker
 
     def _count_step(self, timestep: object) -> None:
         last = self._last_timestep
@@ -372,11 +397,15 @@ SLOT_ATTR = "_tome_slot"
 
 
 class AttentionSlot:
-    """Where an attention module sits: its block's state, self- or cross-attention, its token layout."""
+    """Where an attention module sits: its block's state, self- or cross-attention, its token layout, and
+    the processor class its model builds it with (what a `ToMeProcessor()` without an inner one runs)."""
 
-    __slots__ = ("block", "is_cross", "layout")
+    __slots__ = ("block", "built_with", "is_cross", "layout")
 
-    def __init__(self, block: BlockState, is_cross: bool, layout: Layout = Layout.IMAGE) -> None:
+    def __init__(
+        self, block: BlockState, is_cross: bool, layout: Layout = Layout.IMAGE, built_with: type | None = None
+    ) -> None:
         self.block = block
         self.is_cross = is_cross
         self.layout = layout
+        self.built_with = built_with

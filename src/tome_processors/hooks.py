@@ -14,8 +14,10 @@ Two kinds of hook, each where it serves:
   `HookRegistry` wrapper installed after it (checked: such a hook ran in the first pipeline call
   only). Post-hooks with `always_call=True` clear a block's tensors even when the block raises.
 - One named, stateful diffusers `ModelHook` on the model holds the `ModelHooks` (no attribute of
-  our own on the model) and gets diffusers' per-generation reset: every pipeline ends its
-  `__call__` with `maybe_free_model_hooks()`, which calls `reset_stateful_hooks` on the denoiser.
+  our own on the model) and gets diffusers' reset: pipelines end `__call__` with
+  `maybe_free_model_hooks()`, which resets the denoisers that have `_reset_stateful_cache` (Flux's).
+  Nothing depends on that end: a generation's start is seen by the model pre-hook (a new generation
+  marker, `Family.generation_marker`) and by the pipeline's `progress_bar` (`watch_schedule`).
   Its forward wrapper does nothing, so losing it to a rewrite of `forward` costs nothing.
 
 The model pre-hook also stands the context down: when no attention module of the model holds a
@@ -41,7 +43,7 @@ from ._similarity import is_compiling
 from .arguments import argument
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot, BlockState, HostSchedule, ModelState
-from .families import BlockSite, Family, attention_levels, family_of
+from .families import BlockSite, Family, attention_levels, class_default_processor, family_of
 from .merge import release_buffers
 
 logger = logging.getLogger(__name__)
@@ -113,7 +115,9 @@ class ModelHooks:
         if state.config.ratio_start is not None and self.schedule is not None:
             # The argument as passed (a view of the schedule), not the family's rescaled copy.
             value = self.schedule.value_for(argument(args, kwargs, family.timestep_position, "timestep"))
-        state.begin(grid, family.timestep(args, kwargs), value)
+        # Only reuse across steps (`recompute_every`) carries anything from one forward into the next.
+        marker = family.generation_marker(args, kwargs) if state.config.recompute_every > 1 else None
+        state.begin(grid, family.timestep(args, kwargs), value, marker)
 
     def block_of(self, module: torch.nn.Module) -> BlockState | None:
         for block_module, block in zip(self.block_modules, self.blocks, strict=True):
@@ -264,7 +268,9 @@ def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState
     context.handles.append(block.register_forward_hook(block_post_hook, with_kwargs=True, always_call=True))
 
     for attention in site.attentions:
-        setattr(attention.module, SLOT_ATTR, AttentionSlot(block_state, attention.is_cross, attention.layout))
+        built_with = attention.built_with or class_default_processor(attention.module)
+        slot = AttentionSlot(block_state, attention.is_cross, attention.layout, built_with)
+        setattr(attention.module, SLOT_ATTR, slot)
         context.slotted.append(attention.module)
 
     if config.merge_mlp and site.feed_forward is not None:
@@ -308,8 +314,8 @@ def set_timestep_schedule(model: torch.nn.Module, timesteps: torch.Tensor | None
     forward's timestep in it by where that tensor sits (see `HostSchedule`): call the model with the
     schedule's entries (`for t in scheduler.timesteps`), or views of them. A forward called otherwise
     reads its timestep as before. Pipelines with ToMe applied (`apply_tome(pipe)`, `enable_tome`) do
-    this themselves. The schedule is dropped at the end of a generation (a reset of ToMe's state) or
-    with `None`.
+    this themselves. Giving a schedule also starts a new generation (as `new_generation`). The schedule
+    is dropped at a reset of ToMe's state (a new generation) or with `None`.
 
     Args:
         model: a model with ToMe applied.
@@ -324,7 +330,9 @@ def set_timestep_schedule(model: torch.nn.Module, timesteps: torch.Tensor | None
     context = context_of(model)
     if context is None:
         raise ValueError(f"Expected a model with ToMe applied, but got {type(model).__name__} without it.")
-    context.schedule = HostSchedule(timesteps) if timesteps is not None else None
+    schedule = HostSchedule(timesteps) if timesteps is not None else None  # checked before anything changes
+    context.reset()
+    context.schedule = schedule
 
 
 #: Marks the `progress_bar` that `watch_schedule` put on a pipeline (and holds what it replaced).
@@ -332,25 +340,25 @@ _WATCHING = "_tome_replaced"
 
 
 def watch_schedule(pipeline: Any, models: Sequence[torch.nn.Module]) -> None:
-    """Give `models` the pipeline's timesteps at the start of every denoising loop (for `ratio_start`).
+    """Start a new generation on `models` at the start of every denoising loop of `pipeline`.
 
     Every diffusers pipeline opens its denoising loop with `self.progress_bar(...)`, after
-    `scheduler.set_timesteps` (and img2img's `set_begin_index`): wrapped on the instance, it copies
-    `pipeline.scheduler.timesteps` to the host there, once per generation and outside any forward,
-    for the models with ToMe whose configuration has `ratio_start`. Without such a model nothing is
-    wrapped; watching again replaces an earlier watch.
+    `scheduler.set_timesteps` (and img2img's `set_begin_index`): wrapped on the instance, it resets the
+    state ToMe keeps across steps (`recompute_every`) there, however the last call ended (a callback or
+    `KeyboardInterrupt` that stopped it midway), and for the models whose configuration has
+    `ratio_start` copies `pipeline.scheduler.timesteps` to the host, once per generation and outside any
+    forward. Watching again replaces an earlier watch; without a model with ToMe nothing is wrapped.
     """
     unwatch_schedule(pipeline)
     models = list(models)
-    configs = [context.model_state.config for context in map(context_of, models) if context is not None]
     original = getattr(pipeline, "progress_bar", None)
-    if not callable(original) or not any(config.ratio_start is not None for config in configs):
+    if not callable(original) or all(context_of(model) is None for model in models):
         return
     own = pipeline.__dict__.get("progress_bar")  # an instance attribute there before us, put back after
 
     @functools.wraps(original)
     def progress_bar(*args: Any, **kwargs: Any) -> Any:
-        _capture_schedule(pipeline, models)
+        _start_generation(pipeline, models)
         return original(*args, **kwargs)
 
     setattr(progress_bar, _WATCHING, (own,))
@@ -370,8 +378,11 @@ def unwatch_schedule(pipeline: Any) -> None:
         pipeline.__dict__["progress_bar"] = own
 
 
-def _capture_schedule(pipeline: Any, models: list[torch.nn.Module]) -> None:
-    contexts = [c for c in map(context_of, models) if c is not None and c.model_state.config.ratio_start is not None]
+def _start_generation(pipeline: Any, models: list[torch.nn.Module]) -> None:
+    contexts = [c for c in map(context_of, models) if c is not None]
+    for context in contexts:
+        context.reset()
+    contexts = [c for c in contexts if c.model_state.config.ratio_start is not None]
     if not contexts:
         return
     timesteps = getattr(getattr(pipeline, "scheduler", None), "timesteps", None)

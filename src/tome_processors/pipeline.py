@@ -27,7 +27,15 @@ from typing import Any
 
 import torch
 
-from .apply import apply_tome, denoiser_of, remove_tome, resolve_config, target_models, unwrap_processors
+from .apply import (
+    apply_tome,
+    denoiser_of,
+    inner_processor,
+    remove_tome,
+    resolve_config,
+    target_models,
+    unwrap_processors,
+)
 from .config import Preset, ToMeConfig
 from .hooks import attention_modules, context_of, unwatch_schedule, watch_schedule
 from .processor import ToMeProcessor
@@ -110,8 +118,8 @@ class _Keeper:
             processor = attn.processor
             if processor is self.wrappers[index]:
                 continue
-            if isinstance(processor, ToMeProcessor):
-                processor = processor.inner
+            if isinstance(processor, ToMeProcessor):  # its inner one (one made without: the module's own)
+                processor = inner_processor(self.model, attn)
             previous = self.wrappers[index]
             if previous is not None and previous.inner is processor:
                 wrapper = previous  # same inner processor: keep the same wrapper object
@@ -249,15 +257,16 @@ def enable_tome(
         object.__setattr__(pipe, _END_OF_CALL, _resetting(state, original))
         state.methods.append(_END_OF_CALL)
     object.__setattr__(pipe, PIPELINE_ATTR, state)
-    watch_schedule(pipe, models)  # `ratio_start`: the timesteps to the host once per generation
+    watch_schedule(pipe, models)  # a new generation at every denoising loop; `ratio_start`: its timesteps
     logger.debug("ToMe enabled on %s: %s", type(pipe).__name__, config)
     return pipe
 
 
 def _resetting(state: _PipelineState, method: Callable[..., Any]) -> Callable[..., Any]:
     # Every pipeline ends `__call__` with `maybe_free_model_hooks()`, which resets the stateful hooks of
-    # only the models that have `_reset_stateful_cache` (not UNets): a generation ends here for ToMe too,
-    # so reuse across steps (`recompute_every`) starts afresh and the same seed gives the same image.
+    # only the models that have `_reset_stateful_cache` (not UNets): reset ToMe here too, which lets the
+    # kept merges go between calls. A generation's start does not depend on it (a stopped call never gets
+    # here): the progress_bar wrapper and the model's generation marker start it (docs/guarantees.md).
     @functools.wraps(method)
     def call(*args: Any, **kwargs: Any) -> Any:
         result = method(*args, **kwargs)
@@ -288,7 +297,7 @@ def _forget_model(model: torch.nn.Module) -> None:
     saved = getattr(model, "original_attn_processors", None)
     if isinstance(saved, dict):
         for name, processor in saved.items():
-            if isinstance(processor, ToMeProcessor):
+            if isinstance(processor, ToMeProcessor) and processor.inner is not None:
                 saved[name] = processor.inner
 
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 import torch
 from diffusers.models.attention_processor import AttnProcessor2_0
 
+from ._similarity import is_compiling
 from .arguments import argument
 from .attach import PassedThrough, slot_for_call
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
-from .families import Layout
+from .families import Layout, class_default_processor
 from .joint_attention import run_with_text
 from .merge import TokenMerge, pool_tokens
 
@@ -47,6 +49,33 @@ def _inner_signature(inner: Any) -> inspect.Signature:
         )
 
 
+class _BuiltProcessors:
+    """The processors a `ToMeProcessor()` without an inner one runs on modules it merges nothing in (held weakly)."""
+
+    def __init__(self) -> None:
+        self._processors: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
+
+    def get(self, module: torch.nn.Module) -> Any:
+        return self._processors.get(module)
+
+    def set(self, module: torch.nn.Module, processor: Any) -> None:
+        self._processors[module] = processor
+
+    def __reduce__(self) -> tuple:  # pickling or deep-copying a processor must not copy modules
+        return (_BuiltProcessors, ())
+
+
+def missing_inner_error(attn: torch.nn.Module) -> ValueError:
+    """The error for a `ToMeProcessor()` without an inner processor on a module whose processor ToMe cannot tell."""
+    return ValueError(
+        f"Expected ToMeProcessor to know the processor to run on {type(attn).__name__}, but got ToMeProcessor() "
+        "without an inner processor, and ToMe cannot tell which processor this module is built with (its model "
+        "is no family ToMe supports, or the module is called outside its model's forward). Pass it: "
+        "ToMeProcessor(<the module's processor>, ratio=...), or use apply_tome(model), which wraps the "
+        "processors already set."
+    )
+
+
 class ToMeProcessor(torch.nn.Module):
     """An attention processor that runs its inner processor on merged tokens.
 
@@ -61,8 +90,14 @@ class ToMeProcessor(torch.nn.Module):
     it has no parameters of its own.
 
     Args:
-        inner: the processor to run on the merged tokens; default `AttnProcessor2_0()` (SDPA).
-        config: a `ToMeConfig`; keyword options (`ratio=...`) override its fields.
+        inner: the processor to run on the merged tokens. Without one, each attention module runs the
+            processor its model builds it with (`AttnProcessor2_0` on UNets and PixArt,
+            `JointAttnProcessor2_0` on SD3, `FluxAttnProcessor` on Flux): at its first call the module
+            gets a `ToMeProcessor` around a new one, as `apply_tome` would have set. Where ToMe cannot tell
+            which processor that is, the first call raises a `ValueError` that says what to pass.
+        config: a `ToMeConfig`; keyword options (`ratio=...`) override its fields. Made with neither
+            (`ToMeProcessor()`, as diffusers re-creates processors by class when it loads an IP-Adapter),
+            it takes the configuration of the ToMe already on the model, else the defaults.
 
     Example:
         >>> from tome_processors import ToMeProcessor
@@ -75,28 +110,35 @@ class ToMeProcessor(torch.nn.Module):
 
     def __init__(self, inner: Any = None, config: ToMeConfig | None = None, **config_kwargs: Any) -> None:
         super().__init__()
+        #: Made without any configuration: a module with ToMe on it already runs under that ToMe's.
+        self._takes_model_config = config is None and not config_kwargs
         config = ToMeConfig.from_kwargs(config, **config_kwargs)
         if isinstance(inner, ToMeProcessor):  # never nest: wrap what it wraps
             inner = inner.inner
-        if inner is None:
-            inner = AttnProcessor2_0()
-        if not callable(inner):
+        if inner is not None and not callable(inner):
             raise TypeError(f"Expected inner to be a callable attention processor, but got {type(inner).__name__}.")
         self.config = config
-        self.inner = inner
+        self.inner = inner  # None: the processor each module is built with (`built_inner`)
         # Instance attribute: found by `processor.__call__` lookups (diffusers' signature check)
-        # while calls still go through nn.Module.__call__ -> forward.
-        self.__dict__["__call__"] = _SignedCall(self, _inner_signature(inner))
+        # while calls still go through nn.Module.__call__ -> forward. Without an inner processor, the
+        # signature of `Attention`'s default, as before a module's first call replaces this processor.
+        signature = _inner_signature(inner) if inner is not None else _DEFAULT_SIGNATURE
+        self.__dict__["__call__"] = _SignedCall(self, signature)
         # Attention modules where this processor, set without `apply_tome`, found nothing to attach to.
         self._passed_through = PassedThrough()
+        self._built = _BuiltProcessors()  # without an inner processor: what runs on those modules
+        self._sdpa = AttnProcessor2_0() if inner is None else None  # ... under torch.compile on `Attention`
 
     def extra_repr(self) -> str:
-        return f"inner={type(self.inner).__name__}, config={self.config}"
+        inner = type(self.inner).__name__ if self.inner is not None else "each module's own"
+        return f"inner={inner}, config={self.config}"
 
     def __getattr__(self, name: str) -> Any:
         # diffusers' `set_attention_backend` and friends look for attributes of the processor.
         if name in _FORWARDED:
-            return getattr(self._inner_processor(), name)
+            inner = self._inner_processor()
+            # Without an inner processor yet: none set (`built_inner` hands on what is set meanwhile).
+            return getattr(inner, name) if inner is not None else None
         return super().__getattr__(name)
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -107,12 +149,39 @@ class ToMeProcessor(torch.nn.Module):
         super().__setattr__(name, value)
 
     def _inner_processor(self) -> Any:
-        return self.__dict__.get("inner") or self._modules.get("inner")
+        inner = self.__dict__.get("inner")
+        return inner if inner is not None else self._modules.get("inner")
+
+    def built_inner(self, attn: torch.nn.Module, built_with: type | None = None) -> Any:
+        """The processor this one runs on `attn`: `inner`, or without one a new processor of the class
+        `attn` is built with (`built_with` where its model's family names one, else its class's default).
+
+        Raises:
+            ValueError: without an inner processor, where ToMe cannot tell which one `attn` is built with.
+
+        Example:
+            >>> from diffusers.models.attention_processor import Attention
+            >>> type(ToMeProcessor().built_inner(Attention(query_dim=8))).__name__
+            'AttnProcessor2_0'
+        """
+        inner = self._inner_processor()
+        if inner is not None:
+            return inner
+        processor_class = built_with or class_default_processor(attn)
+        if processor_class is None:
+            raise missing_inner_error(attn)
+        inner = processor_class()
+        for name in _FORWARDED:  # `set_attention_backend` called before this module's first call
+            if name in self.__dict__ and hasattr(inner, name):
+                setattr(inner, name, self.__dict__[name])
+        return inner
 
     def forward(self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         slot = getattr(attn, SLOT_ATTR, None)
         if slot is None:  # set with `set_attn_processor`: attach to the model being called (attach.py)
             slot = slot_for_call(attn, self.config, type(self), self._passed_through)
+        if self._inner_processor() is None:
+            return self._run_built(slot, attn, hidden_states, args, kwargs)
         if slot is None or hidden_states.ndim != 3:
             return self.inner(attn, hidden_states, *args, **kwargs)
         if slot.layout is not Layout.IMAGE:  # image tokens next to text tokens (SD3, Flux)
@@ -130,6 +199,25 @@ class ToMeProcessor(torch.nn.Module):
             return self.inner(attn, hidden_states, *args, **kwargs)
         out = self.inner(attn, merge.merge(hidden_states), *args, **kwargs)
         return merge.unmerge(out)
+
+    def _run_built(
+        self, slot: AttentionSlot | None, attn: torch.nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict
+    ) -> Any:
+        """A call without an inner processor: run the one `attn` is built with (module doc of `built_inner`)."""
+        if slot is None:  # nothing merged here (the VAE's attention, a module called on its own)
+            if is_compiling():  # no weak mapping inside a traced graph: `Attention`'s default, made at construction
+                inner = self._sdpa if class_default_processor(attn) is AttnProcessor2_0 else self.built_inner(attn)
+                return inner(attn, hidden_states, *args, **kwargs)
+            inner = self._built.get(attn)
+            if inner is None:
+                inner = self.built_inner(attn)
+                self._built.set(attn, inner)
+            return inner(attn, hidden_states, *args, **kwargs)
+        config = slot.block.model.config if self._takes_model_config else self.config
+        wrapper = ToMeProcessor(self.built_inner(attn, slot.built_with), config)
+        if not is_compiling():  # from now on this module holds what `apply_tome` would have set
+            attn.set_processor(wrapper)
+        return wrapper(attn, hidden_states, *args, **kwargs)
 
     def _merge_for(
         self,
@@ -171,3 +259,5 @@ class ToMeProcessor(torch.nn.Module):
 
 #: Attributes that diffusers reads and sets on processors, kept on the inner processor.
 _FORWARDED = frozenset({"_attention_backend", "_parallel_config"})
+#: What a `ToMeProcessor` without an inner processor shows diffusers' keyword filter: `Attention`'s default's.
+_DEFAULT_SIGNATURE = _inner_signature(AttnProcessor2_0())

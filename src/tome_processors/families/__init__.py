@@ -26,7 +26,15 @@ from typing import Any
 
 import torch
 
-from .base import AttentionSite, BlockSite, Family, Layout, is_mergeable_attention, max_downsample_for_levels
+from .base import (
+    AttentionSite,
+    BlockSite,
+    Family,
+    Layout,
+    class_default_processor,
+    is_mergeable_attention,
+    max_downsample_for_levels,
+)
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, grid_from_ids
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
@@ -42,6 +50,7 @@ __all__ = [
     "SD3Family",
     "UNetFamily",
     "attention_levels",
+    "class_default_processor",
     "family_of",
     "find_family",
     "grid_from_ids",

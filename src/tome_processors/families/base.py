@@ -7,8 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from diffusers.models.attention_processor import Attention
+import torch.nn.functional as F
+from diffusers.models.attention import AttentionModuleMixin
+from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
 
+from .._similarity import is_compiling
 from ..arguments import argument
 
 
@@ -27,11 +30,17 @@ class Layout(enum.Enum):
 
 @dataclass(frozen=True)
 class AttentionSite:
-    """An attention module to wrap: whether it is cross-attention and how its tokens are laid out."""
+    """An attention module to wrap: whether it is cross-attention and how its tokens are laid out.
+
+    `built_with` is the processor class the model builds this module with, where that is not its
+    class's default (`class_default_processor`): SD3 builds its `Attention` modules with
+    `JointAttnProcessor2_0`. A `ToMeProcessor()` made without an inner processor runs that one.
+    """
 
     module: torch.nn.Module
     is_cross: bool
     layout: Layout = Layout.IMAGE
+    built_with: type | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,29 @@ def is_mergeable_attention(attn: Any) -> bool:
         and getattr(attn, "group_norm", None) is None
         and getattr(attn, "spatial_norm", None) is None
     )
+
+
+def class_default_processor(attn: torch.nn.Module) -> type | None:
+    """The processor class `attn`'s class builds it with by default, or None where the class alone cannot tell.
+
+    `Attention` builds `AttnProcessor2_0` (`AttnProcessor` without `scale_qk`), but models build its
+    joint and added-K/V variants with processors of their own; the newer attention classes
+    (`FluxAttention`, ...) name theirs in `_default_processor_cls`.
+
+    Example:
+        >>> from diffusers.models.attention_processor import Attention
+        >>> class_default_processor(Attention(query_dim=8)).__name__
+        'AttnProcessor2_0'
+        >>> class_default_processor(Attention(query_dim=8, added_kv_proj_dim=8)) is None
+        True
+    """
+    if isinstance(attn, Attention):
+        if getattr(attn, "added_kv_proj_dim", None) is not None or getattr(attn, "context_pre_only", None) is not None:
+            return None  # joint or added-K/V attention: each model builds it with a processor of its choosing
+        sdpa = hasattr(F, "scaled_dot_product_attention") and getattr(attn, "scale_qk", True)
+        return AttnProcessor2_0 if sdpa else AttnProcessor
+    default = getattr(type(attn), "_default_processor_cls", None)
+    return default if isinstance(attn, AttentionModuleMixin) and isinstance(default, type) else None
 
 
 class Family:
@@ -91,6 +123,19 @@ class Family:
         """What `max_downsample="auto"` means: every transformer block works at the patch grid."""
         return 1
 
+    def built_processor(self, model: torch.nn.Module, attn: torch.nn.Module) -> type | None:
+        """The processor class `model` builds its attention module `attn` with, or None where unknown.
+
+        A block site's `built_with`, else the class's default (`class_default_processor`). A family whose
+        models build attention with another processor declares it on its sites (tests/test_default_inner.py
+        checks every family against freshly built models).
+        """
+        for site in self.blocks(model):
+            for attention in site.attentions:
+                if attention.module is attn and attention.built_with is not None:
+                    return attention.built_with
+        return class_default_processor(attn)
+
     def preset_options(self, name: str, model: torch.nn.Module | None = None) -> dict[str, Any]:
         """The `ToMeConfig` fields of preset `name` on `model` (or on the family's usual layout), defaults included.
 
@@ -108,6 +153,29 @@ class Family:
         if not isinstance(x, torch.Tensor) or x.ndim != 4:
             return None
         return int(x.shape[-2]) // patch, int(x.shape[-1]) // patch
+
+    def generation_marker(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """A tensor of this forward whose storage is one for every forward of a generation and new in the next,
+        or None where the call tells nothing.
+
+        Pipelines call the model with views of `scheduler.timesteps` (`for t in timesteps`, `t.expand(batch)`,
+        img2img's `timesteps[t_start:]`) and every `scheduler.set_timesteps` makes a new tensor, so the
+        schedule the timestep views marks the generation. A timestep that views no schedule (a tensor made
+        for the call, a number) tells nothing. Only host metadata is read; nothing under `torch.compile`.
+
+        Example:
+            >>> from tome_processors.families import FAMILIES
+            >>> schedule = torch.tensor([999.0, 500.0, 1.0])
+            >>> unet = FAMILIES["unet"]()
+            >>> unet.generation_marker((None, next(iter(schedule))), {}) is not None
+            True
+            >>> unet.generation_marker((None, torch.tensor(500.0)), {}) is None
+            True
+        """
+        if is_compiling():
+            return None
+        timestep = argument(args, kwargs, self.timestep_position, "timestep")
+        return timestep if views_a_schedule(timestep) else None
 
     def timestep(self, args: tuple, kwargs: dict) -> object:
         """The timestep of this forward on the 0..1000 scale (tensor, number or None)."""
@@ -127,6 +195,24 @@ class Family:
                 f'Expected mode="merge" on {type(model).__name__} (its joint attention computes keys and values '
                 f"from the same tokens as the queries), but got mode={config.mode!r}."
             )
+
+
+def views_a_schedule(timestep: object) -> bool:
+    """Whether `timestep` is a view of a 1-D tensor of several timesteps (host metadata only).
+
+    Example:
+        >>> schedule = torch.tensor([999.0, 500.0, 1.0])
+        >>> views_a_schedule(schedule[2]), views_a_schedule(schedule[1].expand(2)), views_a_schedule(torch.tensor(1.0))
+        (True, True, False)
+    """
+    if not isinstance(timestep, torch.Tensor) or timestep.numel() == 0:
+        return False
+    base = timestep._base
+    if base is not None:
+        return base.ndim == 1
+    # Inference tensors keep no `_base`: a tensor that spans less than its storage is a view of more.
+    span = 1 + sum((size - 1) * stride for size, stride in zip(timestep.shape, timestep.stride(), strict=True))
+    return timestep.untyped_storage().nbytes() > span * timestep.element_size()
 
 
 def max_downsample_for_levels(first_level: int, levels: int) -> int:

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from diffusers import PixArtTransformer2DModel, SD3Transformer2DModel
+from diffusers.models.attention_processor import JointAttnProcessor2_0
 
 from .base import AttentionSite, BlockSite, Family, Layout
 
@@ -55,8 +56,9 @@ class SD3Family(Family):
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
         sites = []
         for block in model.transformer_blocks:
-            attentions = [AttentionSite(block.attn, False, Layout.JOINT)]
+            # Both built with `JointAttnProcessor2_0`, not `Attention`'s default.
+            attentions = [AttentionSite(block.attn, False, Layout.JOINT, JointAttnProcessor2_0)]
             if getattr(block, "attn2", None) is not None:  # SD3.5 dual attention: image tokens only
-                attentions.append(AttentionSite(block.attn2, False, Layout.IMAGE))
+                attentions.append(AttentionSite(block.attn2, False, Layout.IMAGE, JointAttnProcessor2_0))
             sites.append(BlockSite(block, tuple(attentions), block.ff))
         return sites

@@ -50,6 +50,13 @@ class FluxFamily(Family):
         ]
         return sites
 
+    def generation_marker(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """`img_ids`: the Flux pipelines pass `t / 1000` (a new tensor every call) but make `img_ids` once per call."""
+        if is_compiling():
+            return None
+        ids = argument(args, kwargs, 4, "img_ids")
+        return ids if isinstance(ids, torch.Tensor) else None
+
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
         x = argument(args, kwargs, 0, "hidden_states")
         ids = argument(args, kwargs, 4, "img_ids")
