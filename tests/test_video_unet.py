@@ -293,3 +293,57 @@ def test_animatediff_vae_tiling_composes_with_tome(tmp_path):
         assert np.abs(first - plain).max() > 1e-4
         tp.remove_tome(pipe)
         np.testing.assert_array_equal(animatediff_frames(pipe), plain)
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_tomesd_cannot_run_on_video_unets(name, tmp_path):
+    # tomesd 0.1.3 reads the latent size from `sample.shape[2:4]`, which on a video UNet are channels or
+    # frames and height, and fails in its first merged block: nothing of tomesd's to compare with here.
+    tomesd = pytest.importorskip("tomesd")
+    build, generate = PIPELINES[name]
+    pipe = build() if name == "svd" else build(tmp_path)
+    tomesd.apply_patch(pipe, ratio=0.5)
+    with pytest.raises(ZeroDivisionError):
+        generate(pipe)
+
+
+# ---- The bench: `tome-processors bench --arch svd` ------------------------------------------------------
+
+
+def test_bench_builds_svd_with_its_frames():
+    from tome_processors.bench.models import build_model
+
+    bench = build_model(arch="svd", quick=True, frames=3, resolution=64)
+    assert bench.family.name == "svd" and "3 frames" in bench.description
+    assert tuple(bench.forward(bench.model).shape) == (2, 3, 4, 8, 8)  # batch 2 (guidance) x 3 frames
+
+
+def test_bench_svd_quick_rows(tmp_path):
+    import json
+
+    from tome_processors.cli.main import main
+
+    path = tmp_path / "svd.json"
+    argv = ["bench", "--arch", "svd", "--quick", "--frames", "2", "--resolution", "64", "--rounds", "1"]
+    argv += ["--warmup", "1", "--threads", "1", "--no-trained-quality", "--no-memory", "--no-progress"]
+    assert main([*argv, "--modes", "none", "--json", str(path)]) == 0
+    rows = {r["name"]: r for r in json.loads(path.read_text())["rows"]}
+    # No tomesd row: it cannot run on SVD (test_tomesd_cannot_run_on_video_unets).
+    assert list(rows) == ["baseline", "ours exact r=0.5", "ours balanced", "ours fast"]
+    assert all(rows[name]["rel_error"] > 0 and rows[name]["sync_ops"] == 0 for name in list(rows)[1:])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--frames", "4"], "--frames only with a video --arch"),
+        (["--arch", "svd", "--frames", "0"], "--frames >= 1"),
+        (["--arch", "svd", "--pipeline"], "whole SVD videos are not built offline"),
+    ],
+)
+def test_bench_svd_bad_options_exit_2(argv, message, capsys):
+    from tome_processors.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *argv])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
