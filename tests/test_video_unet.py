@@ -347,3 +347,13 @@ def test_bench_svd_bad_options_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", *argv])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_svd_presets_are_the_unet_presets_per_frame():
+    # The same settings (so the same quality on the trained UNet denoiser, docs/options.md); "fast" pools the
+    # first two attention levels of SVD's layout (downsample 1 and 2), as on SD1.5.
+    unet = tiny_svd_unet()
+    for preset in ("exact", "balanced", "fast"):
+        assert ToMeConfig.from_preset(preset, "svd") == ToMeConfig.from_preset(preset, "unet")
+        assert ToMeConfig.from_preset(preset, unet) == ToMeConfig.from_preset(preset, "unet")
+    assert ToMeConfig.from_preset("fast", unet).max_downsample == 2

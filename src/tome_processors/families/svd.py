@@ -38,12 +38,7 @@ class SVDFamily(UNetFamily):
     """
 
     name = "svd"
-    defaults: dict[str, Any] = {}  # tomesd's defaults, frame by frame
-    presets: dict[str, dict[str, Any]] = {
-        "exact": {},
-        "balanced": {"mode": "downsample_kv", "kv_pool": "nearest"},
-        "fast": {"mode": "downsample_kv", "kv_pool": "nearest", "kv_factor": 4},
-    }
+    # Defaults and presets: the UNet's, frame by frame (measured on SVD's architecture: docs/options.md).
 
     def spatial_blocks(self, model: torch.nn.Module) -> list[BasicTransformerBlock]:
         return spatio_temporal_blocks(model)
