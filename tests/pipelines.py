@@ -6,7 +6,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline
+from diffusers import (
+    AnimateDiffPipeline,
+    AutoencoderKL,
+    AutoencoderKLTemporalDecoder,
+    DDIMScheduler,
+    EulerDiscreteScheduler,
+    MotionAdapter,
+    StableDiffusionPipeline,
+    StableVideoDiffusionPipeline,
+    UNetSpatioTemporalConditionModel,
+)
 from transformers import (
     CLIPConfig,
     CLIPImageProcessor,
@@ -14,6 +24,8 @@ from transformers import (
     CLIPProcessor,
     CLIPTextConfig,
     CLIPTextModel,
+    CLIPVisionConfig,
+    CLIPVisionModelWithProjection,
 )
 
 from tome_processors.bench.dit import build_transformer
@@ -122,3 +134,100 @@ def family_pipeline(family: str, tmp_path: str | Path) -> tuple[Any, dict]:
 
 def denoiser(pipe: Any) -> torch.nn.Module:
     return pipe.unet if hasattr(pipe, "unet") else pipe.transformer
+
+
+def tiny_svd_unet(seed: int = 0) -> UNetSpatioTemporalConditionModel:
+    """A Stable Video Diffusion UNet (diffusers' test config): spatio-temporal transformers at the first level."""
+    torch.manual_seed(seed)
+    return UNetSpatioTemporalConditionModel(
+        block_out_channels=(32, 64),
+        layers_per_block=2,
+        sample_size=32,
+        in_channels=8,
+        out_channels=4,
+        down_block_types=("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
+        up_block_types=("UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal"),
+        cross_attention_dim=CROSS_DIM,
+        num_attention_heads=8,
+        projection_class_embeddings_input_dim=96,
+        addition_time_embed_dim=32,
+    ).eval()
+
+
+def tiny_svd_pipeline() -> StableVideoDiffusionPipeline:
+    """An image-to-video Stable Video Diffusion pipeline for two-step, few-frame generations at 32x32 px."""
+    torch.manual_seed(0)
+    vae = AutoencoderKLTemporalDecoder(
+        block_out_channels=(32, 64),
+        in_channels=3,
+        out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        latent_channels=4,
+    ).eval()
+    torch.manual_seed(0)
+    vision = CLIPVisionConfig(
+        hidden_size=CROSS_DIM,
+        projection_dim=CROSS_DIM,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=32,
+        intermediate_size=37,
+        patch_size=4,
+    )
+    scheduler = EulerDiscreteScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        interpolation_type="linear",
+        prediction_type="v_prediction",
+        sigma_max=700.0,
+        sigma_min=0.002,
+        steps_offset=1,
+        timestep_spacing="leading",
+        timestep_type="continuous",
+        use_karras_sigmas=True,
+    )
+    pipe = StableVideoDiffusionPipeline(
+        vae=vae,
+        image_encoder=CLIPVisionModelWithProjection(vision).eval(),
+        unet=tiny_svd_unet(),
+        scheduler=scheduler,
+        feature_extractor=CLIPImageProcessor(crop_size=32, size=32),
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def tiny_animatediff_pipeline(tmp_path: str | Path) -> AnimateDiffPipeline:
+    """A text-to-video AnimateDiff pipeline (a tiny SD1.5-shaped UNet with a motion adapter) at 32x32 px."""
+    tokenizer = write_clip_tokenizer(Path(tmp_path) / "tokenizer-files", max_length=TOKENS)
+    torch.manual_seed(0)
+    adapter = MotionAdapter(
+        block_out_channels=(32, 48, 64),
+        motion_layers_per_block=1,
+        motion_norm_num_groups=8,
+        motion_num_attention_heads=4,
+    )
+    pipe = AnimateDiffPipeline(
+        vae=tiny_vae(),
+        text_encoder=tiny_text_encoder(len(tokenizer)),
+        tokenizer=tokenizer,
+        unet=tiny_unet("sd15"),
+        motion_adapter=adapter,
+        scheduler=DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", clip_sample=False),
+        feature_extractor=None,
+        image_encoder=None,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def svd_inputs(batch: int = 2, frames: int = 3, height: int = 16, width: int = 16, seed: int = 0) -> dict:
+    """Keyword inputs of one `tiny_svd_unet` forward: `sample` is `(batch, frames, 8, height, width)`."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "sample": torch.randn(batch, frames, 8, height, width, generator=g),
+        "timestep": torch.tensor(0.7),  # SVD's scheduler passes 0.25 * log(sigma)
+        "encoder_hidden_states": torch.randn(batch, 1, CROSS_DIM, generator=g),  # the CLIP image embedding
+        "added_time_ids": torch.tensor([[6.0, 127.0, 0.02]]).repeat(batch, 1),  # fps, motion bucket, noise
+    }

@@ -30,7 +30,7 @@ from tome_processors import context as context_module
 from tome_processors.hooks import context_of
 
 from models import CROSS_DIM, unet_inputs
-from pipelines import tiny_sd_pipeline
+from pipelines import svd_inputs, tiny_sd_pipeline, tiny_svd_unet
 from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
 
 SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "lift_fresh"}
@@ -74,6 +74,8 @@ FAMILIES = {
     "pixart": (tiny_pixart, lambda model: pixart_inputs()),
     "sd3": (tiny_sd3, lambda model: sd3_inputs()),
     "flux": (tiny_flux, lambda model: flux_inputs()),
+    # One video of 3 frames with guidance: the spatial blocks' batch is 2 x 3.
+    "svd": (tiny_svd_unet, lambda model: svd_inputs(batch=2, frames=3)),
 }
 
 OPTIONS = [
@@ -372,6 +374,8 @@ REAL_BLOCK_COUNTS = {
     # Flux as its pipeline runs it: batch 1 (guidance-distilled, no CFG batch), and two images (or true CFG).
     "flux": (lambda: tiny_flux(19, 38), lambda model: flux_inputs(batch=1)),
     "flux-batch2": (lambda: tiny_flux(19, 38), lambda model: flux_inputs(batch=2)),
+    # SVD: five spatial blocks at the first level, as in the real one (layers_per_block 2 down, 3 up).
+    "svd": (tiny_svd_unet, lambda model: svd_inputs(batch=2, frames=3)),
 }
 BUDGETS = [
     # (family, options, most aten ops per merged block)
@@ -389,6 +393,8 @@ BUDGETS = [
     pytest.param("flux", {"share_level": True}, 8, id="flux-share_level"),
     pytest.param("flux-batch2", {}, 30, id="flux-batch2"),
     pytest.param("flux-batch2", {"share_level": True}, 8, id="flux-batch2-share_level"),
+    pytest.param("svd", {}, 28, id="svd"),
+    pytest.param("svd", {"share_level": True}, 15, id="svd-share_level"),
 ]
 
 

@@ -16,7 +16,7 @@ from tome_processors.hooks import context_of
 from tome_processors.pipeline import tome_config_of
 
 from models import tiny_unet
-from pipelines import tiny_sd_pipeline
+from pipelines import svd_inputs, tiny_sd_pipeline, tiny_svd_unet
 from test_dit import ARCHS
 
 FAMILY_NAMES = sorted(FAMILIES)
@@ -34,6 +34,8 @@ def unet_inputs(batch: int = 2, seed: int = 0) -> dict:
 def model_and_inputs(family: str) -> tuple[torch.nn.Module, dict]:
     if family == "unet":
         return tiny_unet("sd15").eval(), unet_inputs()
+    if family == "svd":
+        return tiny_svd_unet(), svd_inputs()
     return ARCHS[family].build(), ARCHS[family].inputs()
 
 

@@ -272,6 +272,7 @@ def test_probe_quality_on_the_unet_and_bad_names():
 
 def test_dit_bench_columns():
     assert bench_denoiser(None) == "unet" and bench_denoiser(FAMILIES["unet"]()) == "unet"
+    assert bench_denoiser(FAMILIES["svd"]()) == "unet"
     assert all(bench_denoiser(FAMILIES[name]()) == "dit" for name in ("pixart", "sd3", "flux"))
     assert TRAINED_COLUMNS["dit"] == (DIT_EPS_CHANGE, DIT_PSNR_DROP)
     metrics = trained_quality_metrics("dit", **DIT_PROBE)

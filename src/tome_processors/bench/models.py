@@ -3,6 +3,7 @@
 - `--arch sd15|sd2|sdxl` (default sd15): a UNet of that architecture with random weights (`unet.py`),
   SDPA processors (`AttnProcessor2_0`) in every attention module;
 - `--arch pixart|sd3|flux`: a diffusion transformer (`dit.py`), keeping its own processors;
+- `--arch svd`: Stable Video Diffusion's UNet (`svd.py`), `--frames` latent frames per clip;
 - `--quick`: a tiny model of the same layout;
 - `--model`: a local folder or hub id (a UNet, or with `--pipeline` a whole pipeline);
 - `--pipeline` without `--model`: the architecture's whole pipeline around that model, every other
@@ -30,9 +31,13 @@ from ..apply import target_models
 from ..families import Family, find_family
 from .dit import QUICK_TEXT_TOKENS, TRANSFORMER_ARCHITECTURES, build_transformer, make_transformer_inputs
 from .pipelines import build_pipeline
+from .svd import build_svd_unet, make_svd_inputs
 from .unet import build_unet, load_unet, make_inputs
 
-__all__ = ["BenchModel", "build_model", "cast"]
+__all__ = ["UNET_FAMILIES", "BenchModel", "build_model", "cast"]
+
+#: The families that are UNets: SDPA processors set in every attention module, tomesd's rows where it runs.
+UNET_FAMILIES = ("unet", "svd")
 
 
 @dataclass
@@ -89,17 +94,19 @@ def build_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     text_encoders: str = "full",
+    frames: int | None = None,
 ) -> BenchModel:
     """The model to measure, with fixed inputs of `batch` at `resolution` pixels (default: the model's own).
 
     Args:
         model: a local diffusers folder (a pipeline with `unet/`, or a UNet folder) or a hub id.
-        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3` or `flux` with random weights (default `sd15`).
+        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3`, `flux` or `svd` with random weights (default `sd15`).
         quick: a tiny model of the architecture's layout (128 px by default).
         pipeline: the whole pipeline (for full generations): with `model` loaded, else the architecture's
             pipeline with random weights around the same denoiser (`pipelines.build_pipeline`).
         seed: seeds the random weights and inputs.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (`pipelines.build_pipeline`).
+        frames: with `arch="svd"`: frames per clip (default the model's `num_frames`, 14).
 
     Example:
         >>> bench_model = build_model(arch="pixart", quick=True, pipeline=True)
@@ -113,6 +120,10 @@ def build_model(
     if model is None and arch in TRANSFORMER_ARCHITECTURES:
         net = cast(build_transformer(arch, quick=quick, seed=seed), device, dtype)
         description = f"{arch}{' (tiny)' if quick else ''} architecture, random weights"
+    elif model is None and arch == "svd":
+        net = cast(build_svd_unet("tiny" if quick else "svd", seed=seed), device, dtype)
+        frames = int(net.config.num_frames) if frames is None else frames
+        description = f"svd{' (tiny)' if quick else ''} architecture, random weights, {frames} frames"
     elif model is None:
         name = arch or "sd15"
         if quick:
@@ -136,7 +147,7 @@ def build_model(
         description = f"{type(pipe).__name__}, {description}"
 
     family = find_family(net)
-    transformer = family is not None and family.name != "unet"
+    transformer = family is not None and family.name not in UNET_FAMILIES
     if not transformer:  # diffusion transformers keep their own processors (SD3 and Flux need them)
         net.set_attn_processor(AttnProcessor2_0())
     sample_size = getattr(net.config, "sample_size", None) or 128  # Flux has none: 1024 px
@@ -147,6 +158,8 @@ def build_model(
         inputs: Any = make_transformer_inputs(
             net, family.name, batch, resolution, seed, device, dtype, text_tokens=text_tokens
         )
+    elif family is not None and family.name == "svd":
+        inputs = make_svd_inputs(net, batch, resolution, frames, seed=seed, device=device, dtype=dtype)
     else:
         inputs = make_inputs(net, batch, resolution, seed=seed, device=device, dtype=dtype)
     return BenchModel(net, inputs.run, family, description, resolution, pipe, components, call_kwargs)

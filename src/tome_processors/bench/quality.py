@@ -550,7 +550,8 @@ TRAINED_COLUMNS: dict[str, tuple[str, str]] = {
 
 def bench_denoiser(family: Family | str | None) -> str:
     """The shipped denoiser that measures a model family (a `Family` or its name): `"dit"` for diffusion
-    transformers (PixArt, SD3, Flux are measured on the PixArt-shaped DiT), else `"unet"`.
+    transformers (PixArt, SD3, Flux are measured on the PixArt-shaped DiT), else `"unet"` (also for Stable
+    Video Diffusion, whose spatial blocks merge each frame as a UNet's blocks merge an image).
 
     Example:
         >>> from tome_processors.families import FAMILIES
@@ -558,7 +559,7 @@ def bench_denoiser(family: Family | str | None) -> str:
         ('dit', 'dit', 'unet')
     """
     name = family if family is None or isinstance(family, str) else family.name
-    return "unet" if name in (None, "unet") else "dit"
+    return "unet" if name in (None, "unet", "svd") else "dit"
 
 
 def trained_quality_metrics(denoiser: str = "unet", **probe_options: Any) -> Callable[[Method], dict[str, float]]:

@@ -43,7 +43,7 @@ class BenchRequest:
 
     Attributes:
         model: a local diffusers folder or a hub id; None for an architecture with random weights.
-        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3` or `flux` (None: sd15 when no `model`).
+        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3`, `flux` or `svd` (None: sd15 when no `model`).
         quick: a tiny model of the architecture's layout.
         pipeline: time whole generations (`generate.time_generations`) instead of single forwards.
         resolution: image side in pixels (None: the model's own).
@@ -61,6 +61,7 @@ class BenchRequest:
         grid_path: with `pipeline`, where to save the image grid.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
         cache: with `pipeline`, one of diffusers' step caches (`caches.CACHES`), timed alone and with each preset.
+        frames: with `arch="svd"`: frames per clip (None: the model's, 14).
         prompt, steps, guidance_scale: with `pipeline`, each generation's.
         command: the command line, for the metadata.
     """
@@ -93,6 +94,7 @@ class BenchRequest:
     grid_path: str = "tome-bench-grid.png"
     text_encoders: str | None = None
     cache: str | None = None
+    frames: int | None = None
     prompt: str = "a photo of an astronaut riding a horse on mars"
     steps: int = 20
     guidance_scale: float = 7.5
@@ -126,6 +128,7 @@ def run_bench(request: BenchRequest) -> int:
         device,
         dtype,
         text_encoders=request.text_encoders or "full",
+        frames=request.frames,
     )
     methods, notes = pick_methods(
         bench.model,

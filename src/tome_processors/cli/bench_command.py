@@ -11,6 +11,7 @@ Example:
     $ tome-processors bench --full --json b.json --plot b.png
     $ tome-processors bench --quick --compile reduce-overhead
     $ tome-processors bench --pipeline --quick --steps 2     # whole generations, random-weight pipeline
+    $ tome-processors bench --arch svd --frames 2             # Stable Video Diffusion's UNet, 2 frames
     $ tome-processors bench --model ./sd15 --pipeline --prompt "a red fox in the snow"
     $ tome-processors bench --pipeline --quick --arch flux --cache fbc --presets balanced  # a cache, ToMe, both
 
@@ -49,11 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", default=None, help="a local diffusers folder (pipeline or unet) or a hub id")
     what.add_argument(
         "--arch",
-        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux"],
+        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", "svd"],
         default=None,
         help="a real UNet or diffusion-transformer architecture with random weights (default sd15 when no --model)",
     )
     what.add_argument("--quick", action="store_true", help="a tiny architecture that finishes in seconds")
+    what.add_argument(
+        "--frames", type=int, default=None, help="video architectures (svd): frames per clip (default the model's, 14)"
+    )
     what.add_argument("--resolution", type=int, default=None, help="image side in pixels (default: the model's)")
     what.add_argument(
         "--batch", type=int, default=None, help="UNet batch size (default 2 = one image with CFG); not with --pipeline"
@@ -196,7 +200,9 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
         fail(f"Expected --resolution to be a multiple of 8 and >= 16, but got {args.resolution}.")
     if args.threads is not None and args.threads < 1:
         fail(f"Expected --threads >= 1, but got {args.threads}.")
-    for name in ("batch", "warmup", "steps", "rounds"):
+    if args.frames is not None and args.arch != "svd":
+        fail(f"Expected --frames only with a video --arch (svd), but got --arch {args.arch}.")
+    for name in ("batch", "warmup", "steps", "rounds", "frames"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             fail(f"Expected --{name} >= 1, but got {getattr(args, name)}.")
     _check_pipeline(args, fail)
@@ -227,6 +233,8 @@ def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
         fail("Expected --pipeline without --batch: a generation's batch is the pipeline's (2 with guidance).")
     if args.plot is not None:
         fail("Expected --pipeline without --plot: the plot is of single forwards.")
+    if args.arch == "svd":
+        fail("Expected --pipeline with an image --arch (whole SVD videos are not built offline), but got --arch svd.")
     if args.text_encoders is not None and (args.model is not None or args.quick):
         fail("Expected --text-encoders only for a full-size random-weight pipeline, not with --model or --quick.")
     transformer = args.arch in ("pixart", "sd3", "flux")
@@ -265,6 +273,7 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         grid_path=args.grid,
         text_encoders=args.text_encoders,
         cache=args.cache,
+        frames=args.frames,
         prompt=args.prompt,
         steps=args.steps,
         guidance_scale=args.guidance_scale,

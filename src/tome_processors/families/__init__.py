@@ -12,7 +12,8 @@ the processor stay generic. A family answers four questions about a model:
    from measured speed and quality (docs/options.md); `ToMeConfig.for_model` builds configs from them.
 
 Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
-`PixArtTransformer2DModel`, `SD3Transformer2DModel` and `FluxTransformer2DModel`.
+`PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel` and Stable Video
+Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks).
 
 Example:
     >>> from tome_processors.families import family_of
@@ -37,6 +38,7 @@ from .base import (
 )
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, grid_from_ids
+from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "Layout",
     "PixArtFamily",
     "SD3Family",
+    "SVDFamily",
     "UNetFamily",
     "attention_levels",
     "class_default_processor",
@@ -57,16 +60,19 @@ __all__ = [
     "is_mergeable_attention",
     "max_downsample_for_levels",
     "spatial_transformer_blocks",
+    "spatio_temporal_blocks",
 ]
 
 
 #: Every supported family by name, in the order `find_family` tries them (the UNet family, which
 #: matches any model with spatial transformer blocks, last). Adding a `Family` subclass here supports it.
-FAMILIES: dict[str, type[Family]] = {cls.name: cls for cls in (PixArtFamily, SD3Family, FluxFamily, UNetFamily)}
+FAMILIES: dict[str, type[Family]] = {
+    cls.name: cls for cls in (PixArtFamily, SD3Family, FluxFamily, SVDFamily, UNetFamily)
+}
 
 #: Diffusion transformers that ToMe does not know, named in the error so users see why.
 _SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Transformer2DModel), " + ", ".join(
-    ("PixArtTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel")
+    ("PixArtTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel", "UNetSpatioTemporalConditionModel")
 )
 
 

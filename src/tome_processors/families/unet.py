@@ -54,12 +54,16 @@ class UNetFamily(Family):
             options["max_downsample"] = max_downsample_for_levels(first_level, 2)
         return options
 
+    def spatial_blocks(self, model: torch.nn.Module) -> list[BasicTransformerBlock]:
+        """The blocks that attend over the image tokens of one frame (a subclass finds them elsewhere)."""
+        return spatial_transformer_blocks(model)
+
     def matches(self, model: torch.nn.Module) -> bool:
-        return bool(spatial_transformer_blocks(model))
+        return bool(self.spatial_blocks(model))
 
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
         sites = []
-        for block in spatial_transformer_blocks(model):
+        for block in self.spatial_blocks(model):
             attentions = tuple(
                 AttentionSite(attn, is_cross)
                 for attn, is_cross in ((block.attn1, block.only_cross_attention), (block.attn2, True))
