@@ -10,6 +10,7 @@ ratios), and aten ops per merged block (ToMe's ops minus the baseline's over the
 
 Example:
     $ PYTHONPATH=$PWD/src python scripts/bench_flux_batch.py --layers 1 --resolution 256 --rounds 3 --configs exact
+    $ PYTHONPATH=$PWD/src python scripts/bench_flux_batch.py --quick --resolution 512 --rounds 15
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from diffusers import FluxTransformer2DModel
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 
 import tome_processors as tp
-from tome_processors.bench.dit import TRANSFORMER_ARCHITECTURES, make_transformer_inputs
+from tome_processors.bench.dit import (
+    QUICK_TEXT_TOKENS,
+    TRANSFORMER_ARCHITECTURES,
+    build_transformer,
+    make_transformer_inputs,
+)
 from tome_processors.bench.hostcost import count_aten_ops
 
 
@@ -31,7 +37,9 @@ class OneSampleAtATime(FluxAttnProcessor):
     """Flux's processor under another type: ToMe does not give it per-sample tables, so runs it per sample."""
 
 
-def build(layers: int, seed: int) -> FluxTransformer2DModel:
+def build(layers: int, seed: int, quick: bool) -> FluxTransformer2DModel:
+    if quick:  # the tiny FLUX of `bench --quick`, where the host's work dominates as on a GPU
+        return build_transformer("flux", quick=True, seed=seed)
     config = dict(TRANSFORMER_ARCHITECTURES["flux"], num_layers=layers, num_single_layers=layers)
     torch.manual_seed(seed)
     return FluxTransformer2DModel(**config).eval()
@@ -48,6 +56,7 @@ def sharing_weights(model: FluxTransformer2DModel) -> FluxTransformer2DModel:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=1, help="double-stream and single-stream blocks, each")
+    parser.add_argument("--quick", action="store_true", help="the tiny FLUX of `bench --quick` (width 32) instead")
     parser.add_argument("--resolution", type=int, default=512, help="image side in pixels")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
@@ -58,8 +67,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    base = build(args.layers, args.seed)
-    inputs = make_transformer_inputs(base, "flux", args.batch, args.resolution, seed=args.seed)
+    base = build(args.layers, args.seed, args.quick)
+    text = QUICK_TEXT_TOKENS if args.quick else None
+    inputs = make_transformer_inputs(base, "flux", args.batch, args.resolution, seed=args.seed, text_tokens=text)
     configs = {name: {"exact": {}, "balanced": {"share_level": True}}[name] for name in args.configs}
     methods = {"baseline": base}
     for name, options in configs.items():
@@ -73,7 +83,7 @@ def main() -> None:
         return inputs.run(model)
 
     baseline_ops = sum(count_aten_ops(lambda: run(base))[1].values())
-    blocks = 2 * args.layers
+    blocks = len(base.transformer_blocks) + len(base.single_transformer_blocks)
     ops = {}
     for name, model in methods.items():
         run(model)  # warm-up: the first forward fills the per-grid caches
@@ -87,8 +97,10 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
 
     tokens = (args.resolution // 16) ** 2
+    width = "tiny FLUX (bench --quick)" if args.quick else "FLUX.1-dev width"
     print(
-        f"FLUX.1-dev width, {args.layers} + {args.layers} blocks, {args.resolution} px ({tokens} image tokens), "
+        f"{width}, {len(base.transformer_blocks)} + {len(base.single_transformer_blocks)} blocks, "
+        f"{args.resolution} px ({tokens} image tokens), "
         f"batch {args.batch}, float32, {torch.get_num_threads()} threads, {args.rounds} rounds"
     )
     print("| method | s/forward (median) | speed-up over baseline | aten ops per merged block |")
@@ -97,7 +109,7 @@ def main() -> None:
     for name in names:
         median = statistics.median(times[name])
         cost = "-" if name == "baseline" else f"{ops[name]:.1f}"
-        print(f"| {name} | {median:.2f} | {baseline / median:.3f}x | {cost} |")
+        print(f"| {name} | {median:.3f} | {baseline / median:.3f}x | {cost} |")
     for name in configs:
         paired = [a / b for a, b in zip(times[f"{name}, per sample"], times[f"{name}, batched"], strict=True)]
         print(f"{name}: per sample / batched, paired per round: median {statistics.median(paired):.3f}x "

@@ -14,9 +14,9 @@ Rotary embeddings (Flux) cover text then image positions. A merged row keeps the
 it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing was merged into it):
 a rotation is exact only at a real position, and averaging cosines and sines of several positions
 gives no rotation at all. The merge is per sample, so the rows of two samples sit at different
-positions: a batch of more than one gets a table per sample (`batched_rotary.SampleTables`) where the
-inner processor is known to take one (diffusers' Flux and FLUX.2 processors), and is otherwise run one
-sample at a time.
+positions. Where the inner processor is known to take a table per sample (diffusers' Flux and FLUX.2
+processors), the whole batch goes in one call with `batched_rotary.SampleTables`; any other processor
+is run one sample at a time with plain `(S, D)` tables.
 """
 
 from __future__ import annotations
@@ -106,8 +106,8 @@ def _merged_rotary(rotary: Any, merge: TokenMerge) -> list[Any]:
         tables = _rotary_tables(rotary)
         per_sample = []
         for sample_positions in merge.row_token.to(tables[0].device).unbind(0):
-            sample_tables_ = [t.index_select(0, sample_positions) for t in tables]
-            per_sample.append(type(rotary)(sample_tables_) if isinstance(rotary, (tuple, list)) else sample_tables_[0])
+            gathered = [t.index_select(0, sample_positions) for t in tables]
+            per_sample.append(type(rotary)(gathered) if isinstance(rotary, (tuple, list)) else gathered[0])
         kept[1] = per_sample
     return kept[1]
 
