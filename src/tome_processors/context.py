@@ -18,7 +18,7 @@ import torch
 
 from ._similarity import is_compiling
 from .config import ToMeConfig
-from .families import Layout
+from .families import Layout, Rotary
 from .merge import GridLayout, Partition, TokenMerge, cached, level_downsample, match, window_choice, window_mix
 
 _MAX_KEPT_MERGES = 256  # bound on merges kept for reuse across blocks/steps
@@ -46,6 +46,9 @@ class ModelState:
         config: the configuration the hooks were installed with.
         auto_downsample: what `max_downsample="auto"` means on this model.
         needs_row_token: whether merges record `TokenMerge.row_token` (Flux's rotary embeddings).
+        rotary: how the family's processors receive rotary positions (`families.Rotary`), or None.
+        masks_text_only: whether the family's attention masks mask text tokens only (every image token
+            is a valid key), so a mask can be cut down to the merged sequence (Chroma, Z-Image).
         latent_hw: `(H, W)` of the model's token grid in the current (or last) forward.
         timestep: the current forward's timestep as given (a tensor stays on its device).
         timestep_value: the timestep as a number, only for `ratio_start`: from the generation's
@@ -60,6 +63,8 @@ class ModelState:
     config: ToMeConfig
     auto_downsample: int = 1
     needs_row_token: bool = False
+    rotary: Rotary | None = None
+    masks_text_only: bool = False
     latent_hw: tuple[int, int] | None = None
     timestep: object = None
     timestep_value: float | None = None
@@ -374,9 +379,18 @@ SLOT_ATTR = "_tome_slot"
 class AttentionSlot:
     """Where an attention module sits: its block's state, self- or cross-attention, its token layout."""
 
-    __slots__ = ("block", "is_cross", "layout")
+    __slots__ = ("block", "is_cross", "layout", "mask_at", "rotary_at")
 
-    def __init__(self, block: BlockState, is_cross: bool, layout: Layout = Layout.IMAGE) -> None:
+    def __init__(
+        self,
+        block: BlockState,
+        is_cross: bool,
+        layout: Layout = Layout.IMAGE,
+        mask_at: int = 1,
+        rotary_at: int | None = None,
+    ) -> None:
         self.block = block
         self.is_cross = is_cross
         self.layout = layout
+        self.mask_at = mask_at  # positions after hidden_states where the module passes them (`AttentionSite`)
+        self.rotary_at = rotary_at

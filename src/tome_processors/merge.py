@@ -69,6 +69,7 @@ class TokenMerge:
     """
 
     __slots__ = (
+        "_with_tail",
         "_with_text",
         "batch",
         "num_rows",
@@ -106,6 +107,7 @@ class TokenMerge:
         self.text_rows = text_rows
         self.rotary: list = []
         self._with_text: TokenMerge | None = None
+        self._with_tail: TokenMerge | None = None
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         """`(B, N, C)` -> `(B, M, C)`: each row is the mean of the tokens that went into it."""
@@ -155,6 +157,42 @@ class TokenMerge:
         if row_token is self.row_token:
             extended.rotary = self.rotary  # the same positions: the same rotary tables
         self._with_text = extended
+        return extended
+
+    def with_tail_rows(self, tail: int) -> TokenMerge:
+        """This merge extended to `tail` tokens after the merged ones, each a row of its own, after the rows.
+
+        For sequences where other tokens follow the grid's (a reference image's tokens, Z-Image's padding
+        and text): they pass through merge and unmerge unchanged. Made once per merge and kept.
+
+        Example:
+            >>> merge = TokenMerge(torch.tensor([0, 0, 1]), torch.tensor([[2.0], [1.0]]), 1, 3, 2)
+            >>> merge.with_tail_rows(2).merge(torch.tensor([[[1.0], [3.0], [5.0], [7.0], [9.0]]])).flatten().tolist()
+            [2.0, 5.0, 7.0, 9.0]
+        """
+        if tail == 0:
+            return self
+        extended = self._with_tail
+        if extended is not None and extended.num_tokens == self.num_tokens + tail:
+            return extended
+        B, N, M = self.batch, self.num_tokens, self.num_rows
+        device = self.token_row.device
+        # Sample b's rows now start at b * (M + tail): its merged rows move by b * tail, its tail rows follow.
+        moved = self.token_rows + _batch_offsets(B, tail, device) if B > 1 else self.token_rows
+        token_rows = torch.cat([moved, _tail_rows(B, tail, M, device)], dim=1)
+        ones = _ones(B * tail, device, self.row_size.dtype).view(B, tail, 1)
+        row_size = torch.cat([self.row_size.view(B, M, 1), ones], dim=1).view(B * (M + tail), 1)
+        row_token = self.row_token
+        if row_token is not None:  # the tail's own positions, after the text and the grid's tokens
+            start = self.text + N - self.text_rows
+            tail_positions = _constant(
+                ("arange", start, tail, device), lambda: torch.arange(start, start + tail, device=device)
+            )
+            row_token = torch.cat([row_token, tail_positions.expand(B, tail)], dim=1)
+        extended = TokenMerge(
+            token_rows.view(-1), row_size, B, N + tail, M + tail, row_token, token_rows, self.text, self.text_rows
+        )
+        self._with_tail = extended
         return extended
 
 
@@ -526,6 +564,15 @@ def _text_rows(batch: int, text: int, rows: int, device: torch.device) -> torch.
     return _constant(
         ("text rows", batch, text, rows, device),
         lambda: torch.arange(batch, device=device).view(batch, 1) * (text + rows) + torch.arange(text, device=device),
+    )
+
+
+def _tail_rows(batch: int, tail: int, rows: int, device: torch.device) -> torch.Tensor:
+    """`(batch, tail)`: the flat row of each tail token of each sample, `b * (rows + tail) + rows + t`."""
+    return _constant(
+        ("tail rows", batch, tail, rows, device),
+        lambda: torch.arange(batch, device=device).view(batch, 1) * (rows + tail)
+        + torch.arange(rows, rows + tail, device=device),
     )
 
 
