@@ -278,9 +278,11 @@ def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState
     context.handles.append(block.register_forward_hook(block_post_hook, with_kwargs=True, always_call=True))
 
     for attention in site.attentions:
-        setattr(attention.module, SLOT_ATTR, AttentionSlot(
-            block_state, attention.is_cross, attention.layout, attention.mask_at, attention.rotary_at
-        ))
+        setattr(
+            attention.module,
+            SLOT_ATTR,
+            AttentionSlot(block_state, attention.is_cross, attention.layout, attention.mask_at, attention.rotary_at),
+        )
         context.slotted.append(attention.module)
 
     if config.merge_mlp and site.feed_forward is not None:

@@ -120,16 +120,16 @@ def _gathered(spec: Rotary, tables: list[torch.Tensor]) -> list[torch.Tensor]:
     return tables if spec.covers_text else tables[:1]
 
 
-def _rotary_fits(
-    spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, num_positions: int, batch: int
-) -> bool:
+def _rotary_fits(spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, num_positions: int, batch: int) -> bool:
     """No rotary embeddings, or tables with one row per position the merge counts (else: do not merge)."""
     rotary = argument(args, kwargs, *at)
     if rotary is None:
         return True
     tables = _gathered(spec, _rotary_tables(rotary))
     if spec.batched:
-        return all(isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == (batch, num_positions) for t in tables)
+        return all(
+            isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == (batch, num_positions) for t in tables
+        )
     return all(isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape[0] == num_positions for t in tables)
 
 

@@ -571,8 +571,10 @@ def _tail_rows(batch: int, tail: int, rows: int, device: torch.device) -> torch.
     """`(batch, tail)`: the flat row of each tail token of each sample, `b * (rows + tail) + rows + t`."""
     return _constant(
         ("tail rows", batch, tail, rows, device),
-        lambda: torch.arange(batch, device=device).view(batch, 1) * (rows + tail)
-        + torch.arange(rows, rows + tail, device=device),
+        lambda: (
+            torch.arange(batch, device=device).view(batch, 1) * (rows + tail)
+            + torch.arange(rows, rows + tail, device=device)
+        ),
     )
 
 

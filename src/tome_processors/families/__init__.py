@@ -43,8 +43,8 @@ from .chroma import ChromaFamily, Flux2Family
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .qwenimage import QwenImageFamily
-from .zimage import ZImageFamily
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
+from .zimage import ZImageFamily
 
 __all__ = [
     "FAMILIES",

@@ -125,9 +125,7 @@ class Stack:
         """A `BlockSite` for every block of this stack in `model` (none where the model has no such list)."""
         sites = []
         for block in getattr(model, self.blocks, None) or ():
-            attention = AttentionSite(
-                getattr(block, self.attention), False, self.layout, self.mask_at, self.rotary_at
-            )
+            attention = AttentionSite(getattr(block, self.attention), False, self.layout, self.mask_at, self.rotary_at)
             ff = getattr(block, self.feed_forward, None) if self.feed_forward else None
             sites.append(BlockSite(block, (attention,), ff, self.span))
         return sites

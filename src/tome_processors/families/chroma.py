@@ -19,7 +19,10 @@ _STACKS = (
     Stack("single_transformer_blocks", Layout.TEXT_FIRST, span=Span.TRAILING),
 )
 #: FLUX.2's single-stream attention calls its processor with `(mask, rotary)` after `hidden_states`.
-_FLUX2_STACKS = (_STACKS[0], Stack("single_transformer_blocks", Layout.TEXT_FIRST, span=Span.TRAILING, mask_at=0, rotary_at=1))
+_FLUX2_STACKS = (
+    _STACKS[0],
+    Stack("single_transformer_blocks", Layout.TEXT_FIRST, span=Span.TRAILING, mask_at=0, rotary_at=1),
+)
 
 
 class ChromaFamily(IdsGridFamily):
