@@ -89,6 +89,7 @@ def build_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     text_encoders: str = "full",
+    layers: int | None = None,
 ) -> BenchModel:
     """The model to measure, with fixed inputs of `batch` at `resolution` pixels (default: the model's own).
 
@@ -100,6 +101,7 @@ def build_model(
             pipeline with random weights around the same denoiser (`pipelines.build_pipeline`).
         seed: seeds the random weights and inputs.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (`pipelines.build_pipeline`).
+        layers: for a diffusion-transformer `arch`, at most that many blocks per block list (`dit.build_transformer`).
 
     Example:
         >>> bench_model = build_model(arch="pixart", quick=True, pipeline=True)
@@ -111,8 +113,9 @@ def build_model(
     device = torch.device(device)
     pipe, components, call_kwargs = None, {}, {}
     if model is None and arch in TRANSFORMER_ARCHITECTURES:
-        net = cast(build_transformer(arch, quick=quick, seed=seed), device, dtype)
-        description = f"{arch}{' (tiny)' if quick else ''} architecture, random weights"
+        net = cast(build_transformer(arch, quick=quick, seed=seed, layers=layers), device, dtype)
+        depth = f", {layers} blocks per block list" if layers is not None else ""
+        description = f"{arch}{' (tiny)' if quick else ''} architecture{depth}, random weights"
     elif model is None:
         name = arch or "sd15"
         if quick:

@@ -59,6 +59,7 @@ class BenchRequest:
         json_path, plot_path: where to write the JSON and the plot (None: not written).
         grid_path: with `pipeline`, where to save the image grid.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
+        layers: a diffusion-transformer `arch` with at most that many blocks per block list (None: all).
         prompt, steps, guidance_scale: with `pipeline`, each generation's.
         command: the command line, for the metadata.
     """
@@ -90,6 +91,7 @@ class BenchRequest:
     plot_path: str | None = None
     grid_path: str = "tome-bench-grid.png"
     text_encoders: str | None = None
+    layers: int | None = None
     prompt: str = "a photo of an astronaut riding a horse on mars"
     steps: int = 20
     guidance_scale: float = 7.5
@@ -123,6 +125,7 @@ def run_bench(request: BenchRequest) -> int:
         device,
         dtype,
         text_encoders=request.text_encoders or "full",
+        layers=request.layers,
     )
     methods, notes = pick_methods(
         bench.model,

@@ -37,6 +37,10 @@ _COMPILE_DEFAULT = "default"
 _COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+#: Transformer architectures measured on single forwards only (no random-weight pipeline of theirs in bench/).
+_NEW_TRANSFORMERS = ("qwenimage", "flux2", "chroma", "zimage")
+
+
 def _listed(values: Any) -> str:
     return " ".join(str(v) for v in values)
 
@@ -47,11 +51,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", default=None, help="a local diffusers folder (pipeline or unet) or a hub id")
     what.add_argument(
         "--arch",
-        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux"],
+        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS],
         default=None,
         help="a real UNet or diffusion-transformer architecture with random weights (default sd15 when no --model)",
     )
     what.add_argument("--quick", action="store_true", help="a tiny architecture that finishes in seconds")
+    what.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="a transformer --arch at its real width with at most this many blocks per block list",
+    )
     what.add_argument("--resolution", type=int, default=None, help="image side in pixels (default: the model's)")
     what.add_argument(
         "--batch", type=int, default=None, help="UNet batch size (default 2 = one image with CFG); not with --pipeline"
@@ -187,7 +197,11 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
         fail(f"Expected --resolution to be a multiple of 8 and >= 16, but got {args.resolution}.")
     if args.threads is not None and args.threads < 1:
         fail(f"Expected --threads >= 1, but got {args.threads}.")
-    for name in ("batch", "warmup", "steps", "rounds"):
+    if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *_NEW_TRANSFORMERS):
+        fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
+    if args.pipeline and args.arch in _NEW_TRANSFORMERS:
+        fail(f"Expected --pipeline with sd15, sd2, sdxl, pixart, sd3 or flux, but got --arch {args.arch}.")
+    for name in ("batch", "warmup", "steps", "rounds", "layers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             fail(f"Expected --{name} >= 1, but got {getattr(args, name)}.")
     _check_pipeline(args, fail)
@@ -229,6 +243,7 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         model=args.model,
         arch=args.arch,
         quick=args.quick,
+        layers=args.layers,
         pipeline=args.pipeline,
         resolution=args.resolution,
         batch=args.batch,
