@@ -294,7 +294,9 @@ class BlockState:
         """Whether `config` acts on this block's level at all (before any timestep schedule)."""
         return config.level_ratio(grid.downsample, self.model.max_downsample(config)) > 0
 
-    def merge_for(self, config: ToMeConfig, text: int | None = 0, text_rows: bool = False) -> TokenMerge | None:
+    def merge_for(
+        self, config: ToMeConfig, text: int | None = 0, text_rows: bool = False, tail: int = 0
+    ) -> TokenMerge | None:
         """The merge of this block's tokens under `config`, or None where this block is not merged.
 
         Args:
@@ -302,6 +304,8 @@ class BlockState:
                 `TokenMerge.row_token` counts; None takes whatever merge of the image tokens alone this
                 block already has (the feed-forward, which has no positions).
             text_rows: merge those text tokens along, each a row of its own (`TokenMerge.text_rows`).
+            tail: tokens after the grid's, each a row of its own (`TokenMerge.tail`: a reference image's,
+                Z-Image's padding and text).
         """
         if not (self.model.needs_row_token or text_rows):
             text = 0  # nothing counts the text: one merge for every caller
@@ -311,13 +315,13 @@ class BlockState:
         if self.merged_config is not None and self.merged_config == config:
             if merge is None or (text is None and not merge.text_rows):
                 return merge
-            if merge.text == text and bool(merge.text_rows) == text_rows:
+            if merge.text == text and bool(merge.text_rows) == text_rows and merge.tail == tail:
                 return merge
-        merge = self._merge_or_reuse(config, text or 0, text_rows)
+        merge = self._merge_or_reuse(config, text or 0, text_rows, tail)
         self.merged_config, self.merge = config, merge
         return merge
 
-    def _merge_or_reuse(self, config: ToMeConfig, text: int, text_rows: bool) -> TokenMerge | None:
+    def _merge_or_reuse(self, config: ToMeConfig, text: int, text_rows: bool, tail: int = 0) -> TokenMerge | None:
         metric = self.metric
         if metric is None or metric.ndim != 3:
             return None
@@ -338,34 +342,36 @@ class BlockState:
             shared_key = (config, grid, batch, r, text)
             merge = next((shared for key, shared in model._shared if key == shared_key), None)
         if merge is None:
-            merge = self._kept_or_computed(config, metric, grid, r, text, rows)
+            merge = self._kept_or_computed(config, metric, grid, r, text, rows, 0 if config.share_level else tail)
             if config.share_level:
                 model._shared = (*model._shared, (shared_key, merge))
-        return merge.with_text_rows(text) if text_rows and not merge.text_rows else merge
+        if text_rows and not merge.text_rows:
+            merge = merge.with_text_rows(text)
+        return merge.with_tail_rows(tail) if tail != merge.tail else merge
 
     def _kept_or_computed(
-        self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, text: int, rows: int
+        self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, text: int, rows: int, tail: int = 0
     ) -> TokenMerge:
         if config.recompute_every <= 1:
-            return self._compute(config, metric, grid, r, text, rows)
+            return self._compute(config, metric, grid, r, text, rows, tail)
         model = self.model
-        kept_key = (config, -1 if config.share_level else self.index, metric.shape[0], grid, r, text, rows)
+        kept_key = (config, -1 if config.share_level else self.index, metric.shape[0], grid, r, text, rows, tail)
         kept = model.kept.get(kept_key)
         if kept is not None and model.step - kept.step < config.recompute_every:
             return kept.merge
-        merge = self._compute(config, metric, grid, r, text, rows)
+        merge = self._compute(config, metric, grid, r, text, rows, tail)
         if len(model.kept) >= _MAX_KEPT_MERGES:
             model.kept.clear()
         model.kept[kept_key] = _KeptMerge(merge, model.step)
         return merge
 
     def _compute(
-        self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, text: int, rows: int
+        self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, text: int, rows: int, tail: int = 0
     ) -> TokenMerge:
         plan = self.model.partitions(config, grid, metric.shape[0], metric.device, text, rows)
         partition = plan[self.index] if len(plan) > 1 else plan[0]
         similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
-        return match(metric, partition, r, similarity_dtype, self.model.needs_row_token)
+        return match(metric, partition, r, similarity_dtype, self.model.needs_row_token, tail)
 
 
 def _num_sources(grid: Grid, config: ToMeConfig) -> int:

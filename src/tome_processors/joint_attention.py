@@ -145,9 +145,9 @@ def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge) -> list[Any]:
         return kept[1]
     follow = _gathered(spec, tables)
     row_token = merge.row_token.to(tables[0].device)
-    if spec.batched:  # (B, S, D) tables: one gather along the sequence for the whole batch
-        index = row_token.unsqueeze(-1)
-        gathered = [t.gather(1, index.expand(*row_token.shape, t.shape[-1])) for t in follow]
+    if spec.batched:  # (B, S, D) tables: one lookup along the sequence for the whole batch
+        samples = _sample_index(merge.batch, row_token.device)
+        gathered = [t[samples, row_token] for t in follow]
         per_call = [_rebuilt(rotary, gathered + tables[len(follow) :])]
     else:
         per_call = []
@@ -156,6 +156,18 @@ def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge) -> list[Any]:
             per_call.append(_rebuilt(rotary, sample_tables + tables[len(follow) :]))
     kept[:] = [tables[0], per_call]  # the list object is shared with the merge's `with_text_rows`
     return per_call
+
+
+_SAMPLE_INDEX: dict[tuple, torch.Tensor] = {}
+
+
+def _sample_index(batch: int, device: torch.device) -> torch.Tensor:
+    """`(batch, 1)`: each sample's index, made once per batch size and device (indexes a batched table)."""
+    key = (batch, device)
+    index = _SAMPLE_INDEX.get(key)
+    if index is None:
+        index = _SAMPLE_INDEX[key] = torch.arange(batch, device=device).view(batch, 1)
+    return index
 
 
 def _rebuilt(rotary: Any, tables: list[torch.Tensor]) -> Any:

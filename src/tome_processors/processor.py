@@ -154,9 +154,10 @@ class ToMeProcessor(torch.nn.Module):
         if mask is not None and not mask_fits and (not slot.is_cross or mask.shape[-2] != 1):
             return None  # a mask over the merged tokens would no longer line up
         block = slot.block
-        merge = block.merge_for(config, text, text_rows) if text or text_rows else block.merge_for(config)
-        if merge is not None and tail:
-            merge = merge.with_tail_rows(tail)
+        if text or text_rows or tail:
+            merge = block.merge_for(config, text, text_rows, tail)
+        else:
+            merge = block.merge_for(config)
         if merge is None or (merge.batch, merge.num_tokens) != tuple(hidden_states.shape[:2]):
             return None
         return merge
