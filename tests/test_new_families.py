@@ -9,18 +9,25 @@ block lists are what the models hold.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 import torch
 from diffusers import (
+    AutoencoderKL,
+    ChromaPipeline,
     ChromaTransformer2DModel,
+    FlowMatchEulerDiscreteScheduler,
     Flux2Transformer2DModel,
     QwenImageTransformer2DModel,
+    ZImagePipeline,
     ZImageTransformer2DModel,
 )
+from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3Model, T5Config, T5EncoderModel
 
 import tome_processors as tp
+from tome_processors.bench.pipelines import write_t5_tokenizer
 from tome_processors.families import Span, family_of
 
 TEXT = 7  # text tokens: not a multiple of anything, so an off-by-text error shows
@@ -314,3 +321,122 @@ def test_apply_tome_refuses_k_v_pooling_on_the_joint_families():
     for build in (tiny_qwenimage, tiny_flux2, tiny_chroma, tiny_zimage):
         with pytest.raises(ValueError, match='Expected mode="merge"'):
             tp.apply_tome(build(), mode="downsample_kv")
+
+
+# ---------------------------------------------------------------- pipelines (tiny, offline)
+
+
+def byte_symbols() -> list[str]:
+    """The 256 printable characters byte-level BPE writes bytes as (printable bytes stand for themselves)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in kept]
+    table = {b: chr(b) for b in kept} | {b: chr(256 + i) for i, b in enumerate(others)}
+    return [table[b] for b in range(256)]
+
+
+def write_qwen_tokenizer(folder: Path) -> Qwen2Tokenizer:
+    """A byte-level BPE tokenizer of Qwen's class over single bytes (no merges), with a plain chat template."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = {symbol: index for index, symbol in enumerate(byte_symbols())}
+    vocab["<|endoftext|>"] = len(vocab)
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[])
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    return tokenizer
+
+
+def tiny_flow_vae(latent_channels: int) -> AutoencoderKL:
+    torch.manual_seed(0)
+    return AutoencoderKL(
+        block_out_channels=(16, 32),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        layers_per_block=1,
+        latent_channels=latent_channels,
+        norm_num_groups=8,
+        sample_size=32,
+        scaling_factor=0.36,
+        shift_factor=0.11,
+    ).eval()
+
+
+def tiny_chroma_pipeline(tmp_path: Path) -> tuple[ChromaPipeline, dict]:
+    tokenizer = write_t5_tokenizer(tmp_path / "t5")
+    torch.manual_seed(0)
+    text_encoder = T5EncoderModel(
+        T5Config(vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    ).eval()
+    torch.manual_seed(0)
+    transformer = ChromaTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=16, axes_dims_rope=(4, 6, 6), approximator_num_channels=8,
+        approximator_hidden_dim=16, approximator_layers=1,
+    ).eval()  # fmt: skip
+    pipe = ChromaPipeline(FlowMatchEulerDiscreteScheduler(), tiny_flow_vae(4), text_encoder, tokenizer, transformer)
+    pipe.set_progress_bar_config(disable=True)
+    # A short prompt padded to 16 tokens: the model gets a mask over the padding (cut, not refused, by ToMe).
+    return pipe, {"prompt": "a cat", "negative_prompt": "dark", "guidance_scale": 3.0, "max_sequence_length": 16}
+
+
+def tiny_zimage_pipeline(tmp_path: Path) -> tuple[ZImagePipeline, dict]:
+    tokenizer = write_qwen_tokenizer(tmp_path / "qwen")
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        head_dim=8, vocab_size=len(tokenizer), max_position_embeddings=64,
+    )  # fmt: skip
+    text_encoder = Qwen3Model(config).eval()
+    torch.manual_seed(0)
+    transformer = ZImageTransformer2DModel(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2, n_refiner_layers=1,
+        n_heads=2, n_kv_heads=2, cap_feat_dim=16, axes_dims=[8, 4, 4], axes_lens=[256, 32, 32],
+    ).eval()  # fmt: skip
+    with torch.no_grad():  # made with torch.empty: fixed so that no NaN comes out of uninitialised memory
+        transformer.x_pad_token.fill_(1.0)
+        transformer.cap_pad_token.fill_(1.0)
+    pipe = ZImagePipeline(FlowMatchEulerDiscreteScheduler(), tiny_flow_vae(16), text_encoder, tokenizer, transformer)
+    pipe.set_progress_bar_config(disable=True)
+    # Prompt and negative prompt of different lengths: the guidance batch's captions are padded and masked.
+    return pipe, {
+        "prompt": "a cat on a mat",
+        "negative_prompt": "dark",
+        "guidance_scale": 3.0,
+        "max_sequence_length": 32,
+    }
+
+
+PIPELINES = {"chroma": tiny_chroma_pipeline, "zimage": tiny_zimage_pipeline}
+
+
+def generate(pipe, args: dict) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        return pipe(**args, height=32, width=32, num_inference_steps=2, generator=generator, output_type="pt").images
+
+
+@pytest.fixture
+def patched():
+    tp.patch_pipelines()
+    yield
+    tp.unpatch_pipelines()
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_pipelines_apply_tome_and_enable_tome(name, tmp_path, patched):
+    pipe, args = PIPELINES[name](tmp_path)
+    plain = generate(pipe, args)
+    assert torch.isfinite(plain).all()
+
+    tp.apply_tome(pipe, ratio=0.5)
+    first, second = generate(pipe, args), generate(pipe, args)
+    assert torch.isfinite(first).all() and torch.equal(first, second)
+    assert not torch.allclose(first, plain, atol=1e-5)
+    tp.remove_tome(pipe)
+    assert torch.equal(generate(pipe, args), plain)
+
+    pipe.enable_tome(preset="fast")
+    first, second = generate(pipe, args), generate(pipe, args)
+    assert torch.isfinite(first).all() and torch.equal(first, second)
+    assert not torch.allclose(first, plain, atol=1e-5)
+    pipe.disable_tome()
+    assert not tp.is_tome_applied(pipe)
+    assert torch.equal(generate(pipe, args), plain)
