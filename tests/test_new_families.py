@@ -16,15 +16,25 @@ import pytest
 import torch
 from diffusers import (
     AutoencoderKL,
+    AutoencoderKLQwenImage,
     ChromaPipeline,
     ChromaTransformer2DModel,
     FlowMatchEulerDiscreteScheduler,
     Flux2Transformer2DModel,
+    QwenImagePipeline,
     QwenImageTransformer2DModel,
     ZImagePipeline,
     ZImageTransformer2DModel,
 )
-from transformers import Qwen2Tokenizer, Qwen3Config, Qwen3Model, T5Config, T5EncoderModel
+from transformers import (
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2Tokenizer,
+    Qwen3Config,
+    Qwen3Model,
+    T5Config,
+    T5EncoderModel,
+)
 
 import tome_processors as tp
 from tome_processors.bench.pipelines import write_t5_tokenizer
@@ -404,7 +414,35 @@ def tiny_zimage_pipeline(tmp_path: Path) -> tuple[ZImagePipeline, dict]:
     }
 
 
-PIPELINES = {"chroma": tiny_chroma_pipeline, "zimage": tiny_zimage_pipeline}
+def tiny_qwenimage_pipeline(tmp_path: Path) -> tuple[QwenImagePipeline, dict]:
+    tokenizer = write_qwen_tokenizer(tmp_path / "qwen")
+    torch.manual_seed(0)
+    text = {"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
+    text |= {"num_key_value_heads": 2, "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default"}}
+    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16}
+    config = Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, hidden_size=16, vocab_size=152064, vision_end_token_id=151653,
+        vision_start_token_id=151652, vision_token_id=151654,
+    )  # fmt: skip
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(
+        base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+        latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+    ).eval()  # fmt: skip
+    transformer = tiny_qwenimage()
+    pipe = QwenImagePipeline(FlowMatchEulerDiscreteScheduler(), vae, text_encoder, tokenizer, transformer)
+    pipe.set_progress_bar_config(disable=True)
+    # True classifier-free guidance: one model call per branch, each with its own text length.
+    return pipe, {
+        "prompt": "a cat on a mat",
+        "negative_prompt": "dark",
+        "true_cfg_scale": 2.0,
+        "max_sequence_length": 16,
+    }
+
+
+PIPELINES = {"chroma": tiny_chroma_pipeline, "qwenimage": tiny_qwenimage_pipeline, "zimage": tiny_zimage_pipeline}
 
 
 def generate(pipe, args: dict) -> torch.Tensor:
