@@ -18,6 +18,7 @@ from tome_processors.pipeline import tome_config_of
 from models import tiny_unet
 from pipelines import tiny_sd_pipeline
 from test_dit import ARCHS
+from test_new_families import CASES
 
 FAMILY_NAMES = sorted(FAMILIES)
 
@@ -34,12 +35,15 @@ def unet_inputs(batch: int = 2, seed: int = 0) -> dict:
 def model_and_inputs(family: str) -> tuple[torch.nn.Module, dict]:
     if family == "unet":
         return tiny_unet("sd15").eval(), unet_inputs()
+    if family in CASES:  # Qwen-Image, FLUX.2, Chroma, Z-Image (tests/test_new_families.py)
+        return CASES[family].build(), CASES[family].inputs()
     return ARCHS[family].build(), ARCHS[family].inputs()
 
 
 def forward(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
-        return model(**inputs).sample
+        sample = model(**inputs).sample
+    return torch.stack(sample) if isinstance(sample, list) else sample  # Z-Image: one tensor per sample
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
