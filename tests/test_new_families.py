@@ -37,7 +37,9 @@ from transformers import (
 )
 
 import tome_processors as tp
+from tome_processors.bench.dit import build_transformer, make_transformer_inputs
 from tome_processors.bench.pipelines import write_t5_tokenizer
+from tome_processors.cli.main import main
 from tome_processors.families import Span, family_of
 
 TEXT = 7  # text tokens: not a multiple of anything, so an off-by-text error shows
@@ -478,3 +480,35 @@ def test_pipelines_apply_tome_and_enable_tome(name, tmp_path, patched):
     pipe.disable_tome()
     assert not tp.is_tome_applied(pipe)
     assert torch.equal(generate(pipe, args), plain)
+
+
+# ---------------------------------------------------------------- the bench's architectures
+
+
+@pytest.mark.parametrize("arch", ["qwenimage", "flux2", "chroma", "zimage"])
+def test_bench_builds_each_architecture_with_fewer_layers(arch):
+    model = build_transformer(arch, quick=True, layers=1)
+    depth = [
+        getattr(model.config, name) for name in ("num_layers", "num_single_layers", "n_layers") if name in model.config
+    ]
+    assert depth and all(d == 1 for d in depth)
+    assert family_of(model).name == arch
+    inputs = make_transformer_inputs(model, arch, batch=2, resolution=64, text_tokens=5)
+    plain = inputs.run(model)
+    tp.apply_tome(model, ratio=0.5)
+    merged = inputs.run(model)
+    assert merged.shape == plain.shape and not torch.equal(merged, plain)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--arch", "sd15", "--layers", "2"], "Expected --layers with a diffusion-transformer --arch"),
+        (["--arch", "zimage", "--layers", "0"], "Expected --layers >= 1"),
+        (["--arch", "qwenimage", "--pipeline"], "Expected --pipeline with sd15"),
+    ],
+)
+def test_bench_refuses_layers_and_pipelines_it_cannot_build(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *argv])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
