@@ -32,6 +32,16 @@ from tome_processors.hooks import context_of
 from models import CROSS_DIM, unet_inputs
 from pipelines import svd_inputs, tiny_sd_pipeline, tiny_svd_unet
 from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
+from test_new_families import (
+    chroma_inputs,
+    flux2_inputs,
+    qwenimage_inputs,
+    tiny_chroma,
+    tiny_flux2,
+    tiny_qwenimage,
+    tiny_zimage,
+    zimage_inputs,
+)
 
 SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "lift_fresh"}
 
@@ -76,6 +86,17 @@ FAMILIES = {
     "flux": (tiny_flux, lambda model: flux_inputs()),
     # One video of 3 frames with guidance: the spatial blocks' batch is 2 x 3.
     "svd": (tiny_svd_unet, lambda model: svd_inputs(batch=2, frames=3)),
+}
+
+#: The joint families with rotary positions beyond FLUX.1 (tests/test_new_families.py), as their pipelines call
+#: them: Qwen-Image's edit variant with its reference image, Chroma with its text-padding mask, Z-Image with
+#: its classifier-free guidance batch (captions of different lengths: a mask).
+NEW_FAMILIES = {
+    "qwenimage": (tiny_qwenimage, lambda model: qwenimage_inputs()),
+    "qwenimage-edit": (tiny_qwenimage, lambda model: qwenimage_inputs(reference=(4, 4))),
+    "flux2": (tiny_flux2, lambda model: flux2_inputs()),
+    "chroma": (tiny_chroma, lambda model: chroma_inputs(padded=3)),
+    "zimage": (tiny_zimage, lambda model: zimage_inputs(text=(7, 40))),
 }
 
 OPTIONS = [
@@ -133,10 +154,10 @@ def on_device(model: torch.nn.Module, inputs: dict, device: str) -> tuple[torch.
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted({**FAMILIES, **NEW_FAMILIES}))
 @pytest.mark.parametrize("options", OPTIONS)
 def test_no_host_sync_in_a_forward(family, options, device, one_thread):
-    build, make_inputs = FAMILIES[family]
+    build, make_inputs = {**FAMILIES, **NEW_FAMILIES}[family]
     model = build()
     model, inputs = on_device(model, make_inputs(model), device)
     baseline_ops, _ = count_ops(model, inputs)
@@ -376,6 +397,13 @@ REAL_BLOCK_COUNTS = {
     "flux-batch2": (lambda: tiny_flux(19, 38), lambda model: flux_inputs(batch=2)),
     # SVD: five spatial blocks at the first level, as in the real one (layers_per_block 2 down, 3 up).
     "svd": (tiny_svd_unet, lambda model: svd_inputs(batch=2, frames=3)),
+    # The new families at their real depth, batched as their pipelines run them: Qwen-Image and Chroma call
+    # the model once per guidance branch, FLUX.2 is guidance-distilled, Z-Image batches both branches.
+    "qwenimage": (lambda: tiny_qwenimage(60), lambda model: qwenimage_inputs(batch=1)),
+    "qwenimage-edit": (lambda: tiny_qwenimage(60), lambda model: qwenimage_inputs(batch=1, reference=(4, 4))),
+    "flux2": (lambda: tiny_flux2(8, 48), lambda model: flux2_inputs(batch=1)),
+    "chroma": (lambda: tiny_chroma(19, 38), lambda model: chroma_inputs(batch=1, padded=3)),
+    "zimage": (lambda: tiny_zimage(30), lambda model: zimage_inputs(batch=2, text=(7, 40))),
 }
 BUDGETS = [
     # (family, options, most aten ops per merged block)
@@ -395,6 +423,11 @@ BUDGETS = [
     pytest.param("flux-batch2", {"share_level": True}, 8, id="flux-batch2-share_level"),
     pytest.param("svd", {}, 28, id="svd"),
     pytest.param("svd", {"share_level": True}, 15, id="svd-share_level"),
+    # The new joint families: tail tokens (a reference image's, Z-Image's padding and caption) are rows of
+    # their own made inside the matching (one op), masks are cut by slicing, Z-Image's batched rotary tables
+    # are looked up in one index op.
+    *(pytest.param(name, {}, 30, id=name) for name in NEW_FAMILIES),
+    *(pytest.param(name, {"share_level": True}, 10, id=f"{name}-share_level") for name in NEW_FAMILIES),
 ]
 
 

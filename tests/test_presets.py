@@ -18,6 +18,7 @@ from tome_processors.pipeline import tome_config_of
 from models import tiny_unet
 from pipelines import svd_inputs, tiny_sd_pipeline, tiny_svd_unet
 from test_dit import ARCHS
+from test_new_families import CASES
 
 FAMILY_NAMES = sorted(FAMILIES)
 
@@ -36,12 +37,15 @@ def model_and_inputs(family: str) -> tuple[torch.nn.Module, dict]:
         return tiny_unet("sd15").eval(), unet_inputs()
     if family == "svd":
         return tiny_svd_unet(), svd_inputs()
+    if family in CASES:  # Qwen-Image, FLUX.2, Chroma, Z-Image (tests/test_new_families.py)
+        return CASES[family].build(), CASES[family].inputs()
     return ARCHS[family].build(), ARCHS[family].inputs()
 
 
 def forward(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
-        return model(**inputs).sample
+        sample = model(**inputs).sample
+    return torch.stack(sample) if isinstance(sample, list) else sample  # Z-Image: one tensor per sample
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)

@@ -117,7 +117,7 @@ def _attach(attn: torch.nn.Module, config: ToMeConfig, processor_type: type, cal
         block_state = context.block_of(site.module)
         for module, block_args, block_kwargs in calls:
             if module is site.module and block_state is not None:
-                enter_block(block_state, block_args, block_kwargs)
+                enter_block(block_state, block_args, block_kwargs, site)
         logger.debug("ToMe attached to %s at its first forward", type(model).__name__)
         return getattr(attn, SLOT_ATTR, None)
     return None

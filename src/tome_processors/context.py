@@ -18,7 +18,7 @@ import torch
 
 from ._similarity import is_compiling
 from .config import ToMeConfig
-from .families import Layout
+from .families import Layout, Rotary
 from .merge import GridLayout, Partition, TokenMerge, cached, level_downsample, match, window_choice, window_mix
 
 _MAX_KEPT_MERGES = 256  # bound on merges kept for reuse across blocks/steps
@@ -46,6 +46,9 @@ class ModelState:
         config: the configuration the hooks were installed with.
         auto_downsample: what `max_downsample="auto"` means on this model.
         needs_row_token: whether merges record `TokenMerge.row_token` (Flux's rotary embeddings).
+        rotary: how the family's processors receive rotary positions (`families.Rotary`), or None.
+        masks_text_only: whether the family's attention masks mask text tokens only (every image token
+            is a valid key), so a mask can be cut down to the merged sequence (Chroma, Z-Image).
         latent_hw: `(H, W)` of the model's token grid in the current (or last) forward.
         timestep: the current forward's timestep as given (a tensor stays on its device).
         timestep_value: the timestep as a number, only for `ratio_start`: from the generation's
@@ -62,6 +65,8 @@ class ModelState:
     config: ToMeConfig
     auto_downsample: int = 1
     needs_row_token: bool = False
+    rotary: Rotary | None = None
+    masks_text_only: bool = False
     latent_hw: tuple[int, int] | None = None
     timestep: object = None
     timestep_value: float | None = None
@@ -314,7 +319,9 @@ class BlockState:
         """Whether `config` acts on this block's level at all (before any timestep schedule)."""
         return config.level_ratio(grid.downsample, self.model.max_downsample(config)) > 0
 
-    def merge_for(self, config: ToMeConfig, text: int | None = 0, text_rows: bool = False) -> TokenMerge | None:
+    def merge_for(
+        self, config: ToMeConfig, text: int | None = 0, text_rows: bool = False, tail: int = 0
+    ) -> TokenMerge | None:
         """The merge of this block's tokens under `config`, or None where this block is not merged.
 
         Args:
@@ -322,6 +329,8 @@ class BlockState:
                 `TokenMerge.row_token` counts; None takes whatever merge of the image tokens alone this
                 block already has (the feed-forward, which has no positions).
             text_rows: merge those text tokens along, each a row of its own (`TokenMerge.text_rows`).
+            tail: tokens after the grid's, each a row of its own (`TokenMerge.tail`: a reference image's,
+                Z-Image's padding and text).
         """
         if not (self.model.needs_row_token or text_rows):
             text = 0  # nothing counts the text: one merge for every caller
@@ -331,13 +340,13 @@ class BlockState:
         if self.merged_config is not None and self.merged_config == config:
             if merge is None or (text is None and not merge.text_rows):
                 return merge
-            if merge.text == text and bool(merge.text_rows) == text_rows:
+            if merge.text == text and bool(merge.text_rows) == text_rows and merge.tail == tail:
                 return merge
-        merge = self._merge_or_reuse(config, text or 0, text_rows)
+        merge = self._merge_or_reuse(config, text or 0, text_rows, tail)
         self.merged_config, self.merge = config, merge
         return merge
 
-    def _merge_or_reuse(self, config: ToMeConfig, text: int, text_rows: bool) -> TokenMerge | None:
+    def _merge_or_reuse(self, config: ToMeConfig, text: int, text_rows: bool, tail: int = 0) -> TokenMerge | None:
         metric = self.metric
         if metric is None or metric.ndim != 3:
             return None
@@ -358,34 +367,36 @@ class BlockState:
             shared_key = (config, grid, batch, r, text)
             merge = next((shared for key, shared in model._shared if key == shared_key), None)
         if merge is None:
-            merge = self._kept_or_computed(config, metric, grid, r, text, rows)
+            merge = self._kept_or_computed(config, metric, grid, r, text, rows, 0 if config.share_level else tail)
             if config.share_level:
                 model._shared = (*model._shared, (shared_key, merge))
-        return merge.with_text_rows(text) if text_rows and not merge.text_rows else merge
+        if text_rows and not merge.text_rows:
+            merge = merge.with_text_rows(text)
+        return merge.with_tail_rows(tail) if tail != merge.tail else merge
 
     def _kept_or_computed(
-        self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, text: int, rows: int
+        self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, text: int, rows: int, tail: int = 0
     ) -> TokenMerge:
         if config.recompute_every <= 1:
-            return self._compute(config, metric, grid, r, text, rows)
+            return self._compute(config, metric, grid, r, text, rows, tail)
         model = self.model
-        kept_key = (config, -1 if config.share_level else self.index, metric.shape[0], grid, r, text, rows)
+        kept_key = (config, -1 if config.share_level else self.index, metric.shape[0], grid, r, text, rows, tail)
         kept = model.kept.get(kept_key)
         if kept is not None and model.step - kept.step < config.recompute_every:
             return kept.merge
-        merge = self._compute(config, metric, grid, r, text, rows)
+        merge = self._compute(config, metric, grid, r, text, rows, tail)
         if len(model.kept) >= _MAX_KEPT_MERGES:
             model.kept.clear()
         model.kept[kept_key] = _KeptMerge(merge, model.step)
         return merge
 
     def _compute(
-        self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, text: int, rows: int
+        self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, text: int, rows: int, tail: int = 0
     ) -> TokenMerge:
         plan = self.model.partitions(config, grid, metric.shape[0], metric.device, text, rows)
         partition = plan[self.index] if len(plan) > 1 else plan[0]
         similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
-        return match(metric, partition, r, similarity_dtype, self.model.needs_row_token)
+        return match(metric, partition, r, similarity_dtype, self.model.needs_row_token, tail)
 
 
 def _num_sources(grid: Grid, config: ToMeConfig) -> int:
@@ -400,12 +411,20 @@ class AttentionSlot:
     """Where an attention module sits: its block's state, self- or cross-attention, its token layout, and
     the processor class its model builds it with (what a `ToMeProcessor()` without an inner one runs)."""
 
-    __slots__ = ("block", "built_with", "is_cross", "layout")
+    __slots__ = ("block", "built_with", "is_cross", "layout", "mask_at", "rotary_at")
 
     def __init__(
-        self, block: BlockState, is_cross: bool, layout: Layout = Layout.IMAGE, built_with: type | None = None
+        self,
+        block: BlockState,
+        is_cross: bool,
+        layout: Layout = Layout.IMAGE,
+        built_with: type | None = None,
+        mask_at: int = 1,
+        rotary_at: int | None = None,
     ) -> None:
         self.block = block
         self.is_cross = is_cross
         self.layout = layout
         self.built_with = built_with
+        self.mask_at = mask_at  # positions after hidden_states where the module passes them (`AttentionSite`)
+        self.rotary_at = rotary_at

@@ -43,7 +43,7 @@ from ._similarity import is_compiling
 from .arguments import argument
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot, BlockState, HostSchedule, ModelState
-from .families import BlockSite, Family, attention_levels, class_default_processor, family_of
+from .families import BlockSite, Family, Span, attention_levels, class_default_processor, family_of
 from .merge import release_buffers
 
 logger = logging.getLogger(__name__)
@@ -106,8 +106,7 @@ class ModelHooks:
     def begin(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """Start a forward of `model` called with `args` / `kwargs`: its token grid and timestep."""
         family, state = self.family, self.model_state
-        x = argument(args, kwargs, family.input_position, family.input_name)
-        grid = family.token_grid(model, args, kwargs) if isinstance(x, torch.Tensor) else None
+        grid = family.token_grid(model, args, kwargs)  # None where the call gives no grid (each family checks)
         if grid is None:
             state.reset()
             return
@@ -227,7 +226,11 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
     model = unwrap_module(model)
     family = family or family_of(model)
     state = ModelState(
-        config=config, auto_downsample=family.auto_downsample(model), needs_row_token=family.needs_row_token
+        config=config,
+        auto_downsample=family.auto_downsample(model),
+        needs_row_token=family.needs_row_token,
+        rotary=family.rotary,
+        masks_text_only=family.masks_text_only,
     )
     context = ModelHooks(state, family, processor_type)
     context.watched = attention_modules(model)
@@ -249,16 +252,27 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
     return context
 
 
-def enter_block(block_state: BlockState, args: tuple, kwargs: dict) -> None:
-    """Start a block's forward: its raw input (image tokens, before norm1) is tomesd's similarity metric."""
+def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockSite | None = None) -> None:
+    """Start a block's forward: its raw input (image tokens, before norm1) is tomesd's similarity metric.
+
+    Where the block's input holds other tokens too (`site.span`), the metric is the grid's tokens of it.
+    """
     block_state.reset()
     hidden_states = argument(args, kwargs, 0, "hidden_states")
-    block_state.metric = hidden_states if isinstance(hidden_states, torch.Tensor) else None
+    if not isinstance(hidden_states, torch.Tensor):
+        block_state.metric = None
+        return
+    latent_hw = block_state.model.latent_hw
+    if site is not None and latent_hw is not None:
+        hidden_states = site.metric(hidden_states, latent_hw[0] * latent_hw[1])
+    block_state.metric = hidden_states
 
 
 def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState, config: ToMeConfig) -> None:
+    span_site = site if site.span is not Span.WHOLE else None
+
     def block_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        enter_block(block_state, args, kwargs)
+        enter_block(block_state, args, kwargs, span_site)
 
     def block_post_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         block_state.reset()
@@ -269,7 +283,14 @@ def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState
 
     for attention in site.attentions:
         built_with = attention.built_with or class_default_processor(attention.module)
-        slot = AttentionSlot(block_state, attention.is_cross, attention.layout, built_with)
+        slot = AttentionSlot(
+            block_state,
+            attention.is_cross,
+            attention.layout,
+            built_with,
+            mask_at=attention.mask_at,
+            rotary_at=attention.rotary_at,
+        )
         setattr(attention.module, SLOT_ATTR, slot)
         context.slotted.append(attention.module)
 

@@ -15,8 +15,9 @@ it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing w
 a rotation is exact only at a real position, and averaging cosines and sines of several positions
 gives no rotation at all. The merge is per sample, so the rows of two samples sit at different
 positions. Where the inner processor is known to take a table per sample (diffusers' Flux and FLUX.2
-processors), the whole batch goes in one call with `batched_rotary.SampleTables`; any other processor
-is run one sample at a time with plain `(S, D)` tables.
+processors), the whole batch goes in one call with `batched_rotary.SampleTables`; batched tables
+(`Rotary.batched`, Z-Image) are gathered for the whole batch; any other processor is run one sample at a
+time with plain `(S, D)` tables.
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ import torch
 
 from .arguments import argument, replace_argument
 from .batched_rotary import sample_tables, takes_sample_tables
-from .families import Layout
+from .families import Layout, Rotary
 from .merge import TokenMerge
 
-_ROTARY = (2, "image_rotary_emb")  # position after hidden_states, and keyword name
+_FLUX_ROTARY = Rotary()  # FLUX.1's: `image_rotary_emb`, (cos, sin) over text then image, one for the batch
 
 
 def run_with_text(
@@ -40,25 +41,65 @@ def run_with_text(
     inner = processor.inner
     if processor.config.mode != "merge":  # K/V pooling cannot reach inside joint attention
         return inner(attn, hidden_states, *args, **kwargs)
+    model = slot.block.model
+    spec = model.rotary or _FLUX_ROTARY
+    metric = slot.block.metric
+    grid_tokens = metric.shape[1] if isinstance(metric, torch.Tensor) and metric.ndim == 3 else -1
+    extra = hidden_states.shape[1] - grid_tokens  # tokens beside the grid's in `hidden_states`
+    if grid_tokens < 0 or extra < 0:
+        return inner(attn, hidden_states, *args, **kwargs)
+    masked = model.masks_text_only
+    at = (slot.rotary_at if slot.rotary_at is not None else spec.position, spec.name)  # where the tables are
     if slot.layout is Layout.JOINT:
         text = argument(args, kwargs, 0, "encoder_hidden_states")
         text_len = int(text.shape[1]) if isinstance(text, torch.Tensor) else 0
-        merge = processor._merge_for(slot, hidden_states, args, kwargs, text_len)
-        if merge is None or not _rotary_fits(args, kwargs, text_len + merge.num_tokens):
+        ahead = text_len if spec.covers_text else 0  # positions ahead of the image's in the rotary tables
+        merge = processor._merge_for(slot, hidden_states, args, kwargs, ahead, tail=extra, mask_fits=masked)
+        if merge is None or not _rotary_fits(spec, at, args, kwargs, ahead + merge.num_tokens, merge.batch):
             return inner(attn, hidden_states, *args, **kwargs)
-        return _unmerge_joint(_call(inner, attn, merge.merge(hidden_states), args, kwargs, merge), merge)
+        args, kwargs = _merged_mask(args, kwargs, slot.mask_at, text_len, extra, merge)
+        return _unmerge_joint(_call(inner, attn, merge.merge(hidden_states), args, kwargs, merge, spec, at), merge)
 
-    metric = slot.block.metric
-    text_len = hidden_states.shape[1] - (metric.shape[1] if isinstance(metric, torch.Tensor) else 0)
-    if metric is None or metric.ndim != 3 or text_len < 0:
+    if slot.layout is Layout.IMAGE_FIRST:  # the grid's tokens, then `extra` others
+        merge = processor._merge_for(slot, hidden_states, args, kwargs, tail=extra, mask_fits=masked)
+        lead = 0
+    else:  # TEXT_FIRST: `extra` text tokens, then the grid's
+        merge = processor._merge_for(slot, hidden_states, args, kwargs, extra, text_rows=True, mask_fits=masked)
+        lead = extra
+    if merge is None or not _rotary_fits(spec, at, args, kwargs, hidden_states.shape[1], merge.batch):
         return inner(attn, hidden_states, *args, **kwargs)
-    merge = processor._merge_for(slot, hidden_states, args, kwargs, text_len, text_rows=True)
-    if merge is None or not _rotary_fits(args, kwargs, hidden_states.shape[1]):
-        return inner(attn, hidden_states, *args, **kwargs)
-    out = _call(inner, attn, merge.merge(hidden_states), args, kwargs, merge)
+    args, kwargs = _merged_mask(args, kwargs, slot.mask_at, lead, extra - lead, merge)
+    out = _call(inner, attn, merge.merge(hidden_states), args, kwargs, merge, spec, at)
     if isinstance(out, tuple):  # a processor that returns more: the first output holds the tokens
         return (merge.unmerge(out[0]), *out[1:])
     return merge.unmerge(out)
+
+
+def _merged_mask(
+    args: tuple, kwargs: dict, mask_at: int, lead: int, tail: int, merge: TokenMerge
+) -> tuple[tuple, dict]:
+    """`args` / `kwargs` with the attention mask cut to the merged sequence (when there is a mask).
+
+    The attention's sequence is `lead` tokens (text), the grid's, then `tail` others. Only families whose
+    masks mask text tokens alone get here with a mask (`masks_text_only`; `_merge_for` refuses others):
+    every grid position holds the same value, so the lead and tail positions are kept exactly and grid
+    positions are dropped, as many as the merge removes (slices: no copy, no host sync).
+    """
+    mask = argument(args, kwargs, mask_at, "attention_mask")
+    if not isinstance(mask, torch.Tensor):
+        return args, kwargs
+    length, removed = mask.shape[-1], merge.num_tokens - merge.num_rows
+    if tail and lead:  # both kept: the lead and the grid's first rows, then the tail
+        cut = torch.cat([mask[..., : length - tail - removed], mask[..., length - tail :]], dim=-1)
+        if mask.ndim >= 3 and mask.shape[-2] == length:
+            cut = torch.cat([cut[..., : length - tail - removed, :], cut[..., length - tail :, :]], dim=-2)
+        return replace_argument(args, kwargs, mask_at, "attention_mask", cut)
+    # Nothing after the grid: drop its last positions; nothing ahead of it: its first.
+    keep = slice(0, length - removed) if not tail else slice(removed, length)
+    cut = mask[..., keep]
+    if mask.ndim >= 3 and mask.shape[-2] == length:  # a (query, key) mask: the queries too
+        cut = cut[..., keep, :]
+    return replace_argument(args, kwargs, mask_at, "attention_mask", cut)
 
 
 def _unmerge_joint(out: Any, merge: TokenMerge) -> Any:
@@ -77,17 +118,26 @@ def _rotary_tables(rotary: Any) -> list[torch.Tensor]:
     return list(rotary) if isinstance(rotary, (tuple, list)) else [rotary]
 
 
-def _rotary_fits(args: tuple, kwargs: dict, num_positions: int) -> bool:
-    """No rotary embeddings, or tables with one row per text and image token (else: do not merge)."""
-    rotary = argument(args, kwargs, *_ROTARY)
+def _gathered(spec: Rotary, tables: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tables that follow the merged rows: all of them, or the image's alone (`Rotary.covers_text`)."""
+    return tables if spec.covers_text else tables[:1]
+
+
+def _rotary_fits(spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, num_positions: int, batch: int) -> bool:
+    """No rotary embeddings, or tables with one row per position the merge counts (else: do not merge)."""
+    rotary = argument(args, kwargs, *at)
     if rotary is None:
         return True
-    tables = _rotary_tables(rotary)
+    tables = _gathered(spec, _rotary_tables(rotary))
+    if spec.batched:
+        return all(
+            isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == (batch, num_positions) for t in tables
+        )
     return all(isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape[0] == num_positions for t in tables)
 
 
 def _kept_rotary(rotary: Any, merge: TokenMerge) -> list:
-    """`[source table, tables per sample or None, SampleTables or None]`, kept on the merge.
+    """`[source table, tables per call or None, SampleTables or None]`, kept on the merge.
 
     A merge shared by several blocks (`share_level`) gathers its tables once per forward. The list object is
     shared with the merge's `with_text_rows` (the same positions).
@@ -99,17 +149,26 @@ def _kept_rotary(rotary: Any, merge: TokenMerge) -> list:
     return kept
 
 
-def _merged_rotary(rotary: Any, merge: TokenMerge) -> list[Any]:
-    """Per sample, the rotary tables at `merge.row_token`: the text positions, then each row's kept token."""
+def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge) -> list[Any]:
+    """The rotary tables at `merge.row_token` (the text positions, then each row's kept token): one entry per
+    sample, or one for the whole batch where the tables are batched (`Rotary.batched`)."""
     kept = _kept_rotary(rotary, merge)
-    if kept[1] is None:
-        tables = _rotary_tables(rotary)
-        per_sample = []
-        for sample_positions in merge.row_token.to(tables[0].device).unbind(0):
-            gathered = [t.index_select(0, sample_positions) for t in tables]
-            per_sample.append(type(rotary)(gathered) if isinstance(rotary, (tuple, list)) else gathered[0])
-        kept[1] = per_sample
-    return kept[1]
+    if kept[1] is not None:
+        return kept[1]
+    tables = _rotary_tables(rotary)
+    follow = _gathered(spec, tables)
+    row_token = merge.row_token.to(tables[0].device)
+    if spec.batched:  # (B, S, D) tables: one lookup along the sequence for the whole batch
+        samples = _sample_index(merge.batch, row_token.device)
+        gathered = [t[samples, row_token] for t in follow]
+        per_call = [_rebuilt(rotary, gathered + tables[len(follow) :])]
+    else:
+        per_call = []
+        for sample_positions in row_token.unbind(0):
+            sample_tables_ = [t.index_select(0, sample_positions) for t in follow]
+            per_call.append(_rebuilt(rotary, sample_tables_ + tables[len(follow) :]))
+    kept[1] = per_call
+    return per_call
 
 
 def _batched_rotary(rotary: Any, merge: TokenMerge) -> Any:
@@ -120,23 +179,49 @@ def _batched_rotary(rotary: Any, merge: TokenMerge) -> Any:
     return kept[2]
 
 
-def _call(inner: Any, attn: torch.nn.Module, merged: torch.Tensor, args: tuple, kwargs: dict, merge: TokenMerge) -> Any:
-    rotary = argument(args, kwargs, *_ROTARY)
+_SAMPLE_INDEX: dict[tuple, torch.Tensor] = {}
+
+
+def _sample_index(batch: int, device: torch.device) -> torch.Tensor:
+    """`(batch, 1)`: each sample's index, made once per batch size and device (indexes a batched table)."""
+    key = (batch, device)
+    index = _SAMPLE_INDEX.get(key)
+    if index is None:
+        index = _SAMPLE_INDEX[key] = torch.arange(batch, device=device).view(batch, 1)
+    return index
+
+
+def _rebuilt(rotary: Any, tables: list[torch.Tensor]) -> Any:
+    return type(rotary)(tables) if isinstance(rotary, (tuple, list)) else tables[0]
+
+
+def _call(
+    inner: Any,
+    attn: torch.nn.Module,
+    merged: torch.Tensor,
+    args: tuple,
+    kwargs: dict,
+    merge: TokenMerge,
+    spec: Rotary,
+    where: tuple[int, str],
+) -> Any:
+    rotary = argument(args, kwargs, *where)
     if rotary is None:
         return inner(attn, merged, *args, **kwargs)
-    batch = merge.batch
-    if takes_sample_tables(inner):  # the whole batch in one call, a table per sample
-        args, kwargs = replace_argument(args, kwargs, *_ROTARY, _batched_rotary(rotary, merge))
+    # FLUX-style tables over the whole sequence, to a processor known to take a table per sample: one call.
+    if spec.covers_text and not spec.batched and takes_sample_tables(inner):
+        args, kwargs = replace_argument(args, kwargs, *where, _batched_rotary(rotary, merge))
         return inner(attn, merged, *args, **kwargs)
-    per_sample = _merged_rotary(rotary, merge)
-    if batch == 1:
-        args, kwargs = replace_argument(args, kwargs, *_ROTARY, per_sample[0])
+    per_call = _merged_rotary(spec, rotary, merge)
+    batch = merge.batch
+    if batch == 1 or spec.batched:
+        args, kwargs = replace_argument(args, kwargs, *where, per_call[0])
         return inner(attn, merged, *args, **kwargs)
     outputs = []
     for b in range(batch):  # a processor not known to take a table per sample: one sample at a time
         sample_args = tuple(_sample(x, b, batch) for x in args)
         sample_kwargs = {k: _sample(v, b, batch) for k, v in kwargs.items()}
-        sample_args, sample_kwargs = replace_argument(sample_args, sample_kwargs, *_ROTARY, per_sample[b])
+        sample_args, sample_kwargs = replace_argument(sample_args, sample_kwargs, *where, per_call[b])
         outputs.append(inner(attn, merged[b : b + 1], *sample_args, **sample_kwargs))
     if isinstance(outputs[0], torch.Tensor):
         return torch.cat(outputs)

@@ -60,6 +60,8 @@ class TokenMerge:
         num_rows: M.
         text: text tokens ahead of the grid's in the attention's sequence, for `row_token`.
         text_rows: text tokens among the merged tokens, each a row of its own (0 or `text`).
+        tail: tokens after the grid's among the merged tokens, each a row of its own after the grid's rows
+            (`with_tail_rows`; `match` with `tail`).
         row_token: `(B, text + M - text_rows)` long or None: for each token of the sequence that the
             attention sees (the text, then the grid's merged rows), the position its positional
             encoding is taken at: a text token's own, and for a row the token it is kept at (its
@@ -69,6 +71,7 @@ class TokenMerge:
     """
 
     __slots__ = (
+        "_with_tail",
         "_with_text",
         "batch",
         "num_rows",
@@ -77,6 +80,7 @@ class TokenMerge:
         "row_size",
         "row_token",
         "text",
+        "tail",
         "text_rows",
         "token_row",
         "token_rows",
@@ -93,6 +97,7 @@ class TokenMerge:
         token_rows: torch.Tensor | None = None,
         text: int = 0,
         text_rows: int = 0,
+        tail: int = 0,
     ) -> None:
         self.token_row = token_row
         # The same per sample, for `unmerge` (given when the caller has it, to save a view op).
@@ -104,8 +109,10 @@ class TokenMerge:
         self.row_token = row_token
         self.text = text
         self.text_rows = text_rows
+        self.tail = tail
         self.rotary: list = []
         self._with_text: TokenMerge | None = None
+        self._with_tail: TokenMerge | None = None
 
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         """`(B, N, C)` -> `(B, M, C)`: each row is the mean of the tokens that went into it."""
@@ -133,8 +140,10 @@ class TokenMerge:
         """
         if self.text_rows == text:
             return self
-        if self.text_rows:
-            raise ValueError(f"Expected a merge of grid tokens only, but got one with {self.text_rows} text rows.")
+        if self.text_rows or self.tail:
+            raise ValueError(
+                f"Expected a merge of grid tokens only, but got one with {self.text_rows} text rows, {self.tail} tail."
+            )
         extended = self._with_text
         if extended is not None and extended.text_rows == text:
             return extended
@@ -155,6 +164,44 @@ class TokenMerge:
         if row_token is self.row_token:
             extended.rotary = self.rotary  # the same positions: the same rotary tables
         self._with_text = extended
+        return extended
+
+    def with_tail_rows(self, tail: int) -> TokenMerge:
+        """This merge extended to `tail` tokens after the merged ones, each a row of its own, after the rows.
+
+        For sequences where other tokens follow the grid's (a reference image's tokens, Z-Image's padding
+        and text): they pass through merge and unmerge unchanged. Made once per merge and kept.
+
+        Example:
+            >>> merge = TokenMerge(torch.tensor([0, 0, 1]), torch.tensor([[2.0], [1.0]]), 1, 3, 2)
+            >>> merge.with_tail_rows(2).merge(torch.tensor([[[1.0], [3.0], [5.0], [7.0], [9.0]]])).flatten().tolist()
+            [2.0, 5.0, 7.0, 9.0]
+        """
+        if tail == self.tail:
+            return self
+        if self.tail:
+            raise ValueError(f"Expected a merge without tail rows, but got one with {self.tail}.")
+        extended = self._with_tail
+        if extended is not None and extended.num_tokens == self.num_tokens + tail:
+            return extended
+        B, N, M = self.batch, self.num_tokens, self.num_rows
+        device = self.token_row.device
+        # Sample b's rows now start at b * (M + tail): its merged rows move by b * tail, its tail rows follow.
+        moved = self.token_rows + _batch_offsets(B, tail, device) if B > 1 else self.token_rows
+        token_rows = torch.cat([moved, _tail_rows(B, tail, M, device)], dim=1)
+        ones = _constant(
+            ("tail ones", B, tail, device, self.row_size.dtype),
+            lambda: torch.ones(B, tail, 1, device=device, dtype=self.row_size.dtype),
+        )
+        row_size = torch.cat([self.row_size.view(B, M, 1), ones], dim=1).view(B * (M + tail), 1)
+        row_token = self.row_token
+        if row_token is not None:  # the tail's own positions, after the text and the grid's tokens
+            start = self.text + N - self.text_rows
+            row_token = torch.cat([row_token, _tail_positions(B, start, tail, device)], dim=1)
+        extended = TokenMerge(
+            token_rows.view(-1), row_size, B, N + tail, M + tail, row_token, token_rows, self.text, self.text_rows, tail
+        )
+        self._with_tail = extended
         return extended
 
 
@@ -410,6 +457,7 @@ def match(
     r: int,
     similarity_dtype: torch.dtype | None = None,
     with_row_token: bool = False,
+    tail: int = 0,
 ) -> TokenMerge:
     """Merge the `r` sources most similar to a destination into it (the matching of ToMe for SD).
 
@@ -425,6 +473,8 @@ def match(
         similarity_dtype: choose each source's destination on scores in this dtype; see `best_match`.
         with_row_token: also record `TokenMerge.row_token` (for positional encodings that follow
             merged rows, as Flux's rotary embeddings).
+        tail: tokens after the grid's in the merged tensor, each a row of its own after the grid's rows
+            (the same merge as `with_tail_rows` makes, in one op more than the grid's alone).
     """
     B, N, _ = metric.shape
     S, D = partition.num_src, partition.num_dst
@@ -446,18 +496,25 @@ def match(
         merged, base = _rank_rows(S, D, r, text_rows, metric.device)
         ranked_row = torch.addcmul(base, merged, best_dst.gather(1, order))
         token_row = dst_row.scatter(1, ranked_src, ranked_row)
-        if B > 1:  # rows of sample b start at b * M
-            token_row = token_row + _batch_offsets(B, M, metric.device)
+        if tail:  # each tail token a row of its own, after the grid's rows
+            token_row = torch.cat([token_row, _tail_positions(B, M, tail, metric.device)], dim=1)
+        if B > 1:  # rows of sample b start at b * (M + tail)
+            token_row = token_row + _batch_offsets(B, M + tail, metric.device)
         flat_row = token_row.view(-1)
-        ones = _ones(B * (text_rows + N), metric.device, metric.dtype)
-        row_size = _zeros(B * M, 1, metric.device, metric.dtype).index_add(0, flat_row, ones)
+        ones = _ones(B * (text_rows + N + tail), metric.device, metric.dtype)
+        row_size = _zeros(B * (M + tail), 1, metric.device, metric.dtype).index_add(0, flat_row, ones)
         row_token = None
         if with_row_token:
             kept_src = ranked_src[:, r:]
             if text != text_rows:  # positions count all the text, merged tokens only the text merged along
                 kept_src = kept_src + (text - text_rows)
-            row_token = torch.cat([partition.leading_positions(B), kept_src], dim=1)
-    return TokenMerge(flat_row, row_size, B, text_rows + N, M, row_token, token_row, text, text_rows)
+            parts = [partition.leading_positions(B), kept_src]
+            if tail:  # the tail's own positions, after the text and the grid's tokens
+                parts.append(_tail_positions(B, text + N, tail, metric.device))
+            row_token = torch.cat(parts, dim=1)
+    return TokenMerge(
+        flat_row, row_size, B, text_rows + N + tail, M + tail, row_token, token_row, text, text_rows, tail
+    )
 
 
 def cached(cache: dict, key: tuple, make: Callable[[], T], limit: int = 16) -> T:
@@ -527,6 +584,25 @@ def _text_rows(batch: int, text: int, rows: int, device: torch.device) -> torch.
     return _constant(
         ("text rows", batch, text, rows, device),
         lambda: torch.arange(batch, device=device).view(batch, 1) * (text + rows) + torch.arange(text, device=device),
+    )
+
+
+def _tail_rows(batch: int, tail: int, rows: int, device: torch.device) -> torch.Tensor:
+    """`(batch, tail)`: the flat row of each tail token of each sample, `b * (rows + tail) + rows + t`."""
+    return _constant(
+        ("tail rows", batch, tail, rows, device),
+        lambda: (
+            torch.arange(batch, device=device).view(batch, 1) * (rows + tail)
+            + torch.arange(rows, rows + tail, device=device)
+        ),
+    )
+
+
+def _tail_positions(batch: int, start: int, tail: int, device: torch.device) -> torch.Tensor:
+    """`(batch, tail)`: `start + t` for each tail token (its row within a sample, or its position)."""
+    return _constant(
+        ("tail positions", batch, start, tail, device),
+        lambda: torch.arange(start, start + tail, device=device).expand(batch, tail),
     )
 
 

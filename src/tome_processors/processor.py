@@ -227,16 +227,25 @@ class ToMeProcessor(torch.nn.Module):
         kwargs: dict,
         text: int = 0,
         text_rows: bool = False,
+        tail: int = 0,
+        mask_fits: bool = False,
     ) -> TokenMerge | None:
-        """The block's merge for `hidden_states` (see `BlockState.merge_for` for `text`), or None."""
+        """The block's merge for `hidden_states` (see `BlockState.merge_for` for `text`), or None.
+
+        `tail`: tokens after the grid's, each a row of its own (`TokenMerge.with_tail_rows`); `mask_fits`:
+        the caller cuts an attention mask down to the merged tokens (joint_attention.py).
+        """
         config = self.config
         if not (config.merge_crossattn if slot.is_cross else config.merge_attn):
             return None
-        mask = argument(args, kwargs, 1, "attention_mask")
-        if mask is not None and (not slot.is_cross or mask.shape[-2] != 1):
+        mask = argument(args, kwargs, slot.mask_at, "attention_mask")
+        if mask is not None and not mask_fits and (not slot.is_cross or mask.shape[-2] != 1):
             return None  # a mask over the merged tokens would no longer line up
         block = slot.block
-        merge = block.merge_for(config, text, text_rows) if text or text_rows else block.merge_for(config)
+        if text or text_rows or tail:
+            merge = block.merge_for(config, text, text_rows, tail)
+        else:
+            merge = block.merge_for(config)
         if merge is None or (merge.batch, merge.num_tokens) != tuple(hidden_states.shape[:2]):
             return None
         return merge

@@ -1,10 +1,12 @@
-"""Diffusion transformers for `tome-processors bench --arch pixart|sd3|flux`: random weights, fixed inputs.
+"""Diffusion transformers for `tome-processors bench --arch NAME`: random weights, fixed inputs.
 
 The full-size architectures follow the published transformer configs of PixArt-α (XL-2, 1024 px),
-Stable Diffusion 3 medium and FLUX.1-dev (nothing is downloaded; weights are diffusers' random
-initialisation, so speed and memory are those of the real model while the output change says nothing
-about image quality). FLUX.1-dev has 12 B parameters: about 48 GB in float32, 24 GB in bfloat16.
-`--quick` builds tiny versions with the same block structure.
+Stable Diffusion 3 medium, FLUX.1-dev, Qwen-Image, FLUX.2-dev, Chroma1-HD and Z-Image-Turbo (nothing
+is downloaded; weights are diffusers' random initialisation, so speed and memory are those of the real
+model while the output change says nothing about image quality). FLUX.1-dev has 12 B parameters: about
+48 GB in float32, 24 GB in bfloat16; FLUX.2-dev 32 B. `layers` (`--layers`) keeps the real width and
+shortens the depth: at most that many blocks in each block list. `--quick` builds tiny versions with the
+same block structure.
 
 Example:
     >>> model = build_transformer("pixart", quick=True)
@@ -19,7 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel
+from diffusers import (
+    ChromaTransformer2DModel,
+    Flux2Transformer2DModel,
+    FluxTransformer2DModel,
+    PixArtTransformer2DModel,
+    QwenImageTransformer2DModel,
+    SD3Transformer2DModel,
+    ZImageTransformer2DModel,
+)
 
 __all__ = [
     "QUICK_TEXT_TOKENS",
@@ -67,6 +77,59 @@ _FULL: dict[str, dict[str, Any]] = {
         guidance_embeds=True,
         axes_dims_rope=(16, 56, 56),
     ),
+    # Qwen-Image (20 B): 60 double-stream blocks, 3072 wide; Qwen2.5-VL's 3584-wide text.
+    "qwenimage": dict(
+        patch_size=2,
+        in_channels=64,
+        out_channels=16,
+        num_layers=60,
+        attention_head_dim=128,
+        num_attention_heads=24,
+        joint_attention_dim=3584,
+        axes_dims_rope=(16, 56, 56),
+    ),
+    # FLUX.2-dev (32 B): 8 double- and 48 single-stream blocks, 6144 wide; Mistral's 3 x 5120 text features.
+    "flux2": dict(
+        patch_size=1,
+        in_channels=128,
+        num_layers=8,
+        num_single_layers=48,
+        attention_head_dim=128,
+        num_attention_heads=48,
+        joint_attention_dim=15360,
+        timestep_guidance_channels=256,
+        mlp_ratio=3.0,
+        axes_dims_rope=(32, 32, 32, 32),
+        guidance_embeds=True,
+    ),
+    # Chroma1-HD (8.9 B): FLUX.1's blocks, 3072 wide, modulation from a small approximator.
+    "chroma": dict(
+        patch_size=1,
+        in_channels=64,
+        num_layers=19,
+        num_single_layers=38,
+        attention_head_dim=128,
+        num_attention_heads=24,
+        joint_attention_dim=4096,
+        axes_dims_rope=(16, 56, 56),
+        approximator_num_channels=64,
+        approximator_hidden_dim=5120,
+        approximator_layers=5,
+    ),
+    # Z-Image-Turbo (6 B): 2 + 2 refiner and 30 main single-stream blocks, 3840 wide; Qwen3-4B's 2560-wide text.
+    "zimage": dict(
+        all_patch_size=(2,),
+        all_f_patch_size=(1,),
+        in_channels=16,
+        dim=3840,
+        n_layers=30,
+        n_refiner_layers=2,
+        n_heads=30,
+        n_kv_heads=30,
+        cap_feat_dim=2560,
+        axes_dims=[32, 48, 48],
+        axes_lens=[1024, 512, 512],
+    ),
 }
 _QUICK: dict[str, dict[str, Any]] = {
     "pixart": dict(_FULL["pixart"], num_attention_heads=2, attention_head_dim=16, num_layers=2, cross_attention_dim=32,
@@ -76,12 +139,26 @@ _QUICK: dict[str, dict[str, Any]] = {
                 pos_embed_max_size=32),
     "flux": dict(_FULL["flux"], in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
                  num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 6, 6)),
+    "qwenimage": dict(_FULL["qwenimage"], in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16,
+                      num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(8, 4, 4)),
+    "flux2": dict(_FULL["flux2"], in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+                  num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=32,
+                  axes_dims_rope=(4, 4, 4, 4)),
+    "chroma": dict(_FULL["chroma"], in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
+                   num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 6, 6),
+                   approximator_num_channels=8, approximator_hidden_dim=16, approximator_layers=1),
+    "zimage": dict(_FULL["zimage"], in_channels=4, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2,
+                   cap_feat_dim=32, axes_dims=[8, 4, 4], axes_lens=[256, 64, 64]),
 }  # fmt: skip
 
 #: Architecture name -> transformer config (the full-size one).
 TRANSFORMER_ARCHITECTURES = _FULL
-#: Text tokens of each family's pipeline: PixArt-α's T5 (120), SD3's CLIP + T5 (77 + 256), Flux's T5 (512).
-TEXT_TOKENS = {"pixart": 120, "sd3": 333, "flux": 512}
+#: Text tokens of each family's pipeline: PixArt-α's T5 (120), SD3's CLIP + T5 (77 + 256), Flux's T5 (512),
+#: FLUX.2's Mistral and Chroma's T5 (padded to 512); Qwen-Image and Z-Image do not pad their prompts: 128
+#: stands for a long prompt.
+TEXT_TOKENS = {"pixart": 120, "sd3": 333, "flux": 512, "qwenimage": 128, "flux2": 512, "chroma": 512, "zimage": 128}
+#: The config fields that set a model's depth (`layers` caps each).
+_DEPTH_FIELDS = ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers")
 #: Text tokens for the `--quick` models.
 QUICK_TEXT_TOKENS = 16
 
@@ -90,20 +167,33 @@ _MODEL_CLASSES: dict[str, type] = {
     "pixart": PixArtTransformer2DModel,
     "sd3": SD3Transformer2DModel,
     "flux": FluxTransformer2DModel,
+    "qwenimage": QwenImageTransformer2DModel,
+    "flux2": Flux2Transformer2DModel,
+    "chroma": ChromaTransformer2DModel,
+    "zimage": ZImageTransformer2DModel,
 }
 
 
-def build_transformer(arch: str, quick: bool = False, seed: int = 0) -> torch.nn.Module:
+def build_transformer(arch: str, quick: bool = False, seed: int = 0, layers: int | None = None) -> torch.nn.Module:
     """A diffusion transformer of the named architecture with random weights (seeded), in eval mode.
+
+    `layers`: at most that many blocks in each of the model's block lists (the real width, a shorter depth).
 
     Example:
         >>> type(build_transformer("sd3", quick=True)).__name__
         'SD3Transformer2DModel'
+        >>> build_transformer("flux2", quick=True, layers=1).config.num_single_layers
+        1
     """
     if arch not in _FULL:
         raise ValueError(f"Expected arch among {sorted(_FULL)}, but got {arch!r}.")
+    if layers is not None and layers < 1:
+        raise ValueError(f"Expected layers >= 1, but got {layers}.")
+    config = dict((_QUICK if quick else _FULL)[arch])
+    if layers is not None:
+        config.update({name: min(config[name], layers) for name in _DEPTH_FIELDS if name in config})
     torch.manual_seed(seed)
-    return _MODEL_CLASSES[arch](**(_QUICK if quick else _FULL)[arch]).eval()
+    return _MODEL_CLASSES[arch](**config).eval()
 
 
 @dataclass
@@ -115,7 +205,8 @@ class TransformerInputs:
     def run(self, model: torch.nn.Module) -> torch.Tensor:
         """One forward (by keyword, as the pipelines call it); returns the output sample."""
         with torch.inference_mode():
-            return model(**self.kwargs).sample
+            sample = model(**self.kwargs).sample
+        return torch.stack(sample) if isinstance(sample, list) else sample  # Z-Image: one tensor per sample
 
 
 def make_transformer_inputs(
@@ -173,6 +264,39 @@ def make_transformer_inputs(
             "img_ids": ids.view(-1, 3).to(device, dtype),
             "txt_ids": torch.zeros(text_len, 3, device=device, dtype=dtype),
             "guidance": torch.full((batch,), 3.5, device=device, dtype=dtype),
+        }
+    elif arch in ("flux2", "chroma"):
+        grid = side // 2  # 2 x 2 latent patches per token (FLUX.2's VAE: 16x with packing, the same token count)
+        columns = 4 if arch == "flux2" else 3
+        ids = torch.zeros(grid, grid, columns)
+        ids[..., 1] = torch.arange(grid)[:, None]
+        ids[..., 2] = torch.arange(grid)[None, :]
+        text_ids = torch.zeros(text_len, columns)
+        if arch == "flux2":
+            text_ids[:, 3] = torch.arange(text_len)
+        kwargs = {
+            "hidden_states": randn(batch, grid * grid, config.in_channels),
+            "encoder_hidden_states": randn(batch, text_len, config.joint_attention_dim),
+            "timestep": torch.full((batch,), 0.5, device=device, dtype=dtype),
+            "img_ids": ids.view(-1, columns).to(device, dtype),
+            "txt_ids": text_ids.to(device, dtype),
+        }
+        if arch == "flux2" and config.guidance_embeds:
+            kwargs["guidance"] = torch.full((batch,), 4.0, device=device, dtype=dtype)
+    elif arch == "qwenimage":
+        grid = side // 2
+        kwargs = {
+            "hidden_states": randn(batch, grid * grid, config.in_channels),
+            "encoder_hidden_states": randn(batch, text_len, config.joint_attention_dim),
+            "encoder_hidden_states_mask": torch.ones(batch, text_len, dtype=torch.long, device=device),
+            "timestep": torch.full((batch,), 0.5, device=device, dtype=dtype),
+            "img_shapes": [[(1, grid, grid)]] * batch,
+        }
+    elif arch == "zimage":
+        kwargs = {
+            "x": [randn(config.in_channels, 1, side, side) for _ in range(batch)],
+            "t": torch.full((batch,), 0.5, device=device, dtype=dtype),
+            "cap_feats": [randn(text_len, config.cap_feat_dim) for _ in range(batch)],
         }
     else:  # sd3
         kwargs = {

@@ -293,6 +293,8 @@ def record_block_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> R
         tokens = argument(args, kwargs, 0, "hidden_states")
         if not isinstance(tokens, torch.Tensor) or tokens.ndim != 3 or not forward_args:
             return
+        h, w = forward_args[-1][0]
+        tokens = sites[index].metric(tokens, h * w)  # the grid's tokens where the input holds others too
         grid = BlockState(state, index).grid(tokens.shape[1])
         h, w, downsample = (grid.h, grid.w, grid.downsample) if grid is not None else (0, 0, 0)
         copy_ = tokens.detach().clone()
@@ -301,7 +303,8 @@ def record_block_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> R
     handles = []
     if family is not None:
         handles.append(model.register_forward_pre_hook(model_hook, with_kwargs=True))
-        for index, site in enumerate(family.blocks(model)):
+        sites = family.blocks(model)
+        for index, site in enumerate(sites):
             hook = _bind_index(block_hook, index)
             handles.append(site.module.register_forward_pre_hook(hook, with_kwargs=True))
     try:

@@ -95,6 +95,7 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     text_encoders: str = "full",
     frames: int | None = None,
+    layers: int | None = None,
 ) -> BenchModel:
     """The model to measure, with fixed inputs of `batch` at `resolution` pixels (default: the model's own).
 
@@ -107,6 +108,7 @@ def build_model(
         seed: seeds the random weights and inputs.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (`pipelines.build_pipeline`).
         frames: with `arch="svd"`: frames per clip (default the model's `num_frames`, 14).
+        layers: for a diffusion-transformer `arch`, at most that many blocks per block list (`dit.build_transformer`).
 
     Example:
         >>> bench_model = build_model(arch="pixart", quick=True, pipeline=True)
@@ -118,8 +120,9 @@ def build_model(
     device = torch.device(device)
     pipe, components, call_kwargs = None, {}, {}
     if model is None and arch in TRANSFORMER_ARCHITECTURES:
-        net = cast(build_transformer(arch, quick=quick, seed=seed), device, dtype)
-        description = f"{arch}{' (tiny)' if quick else ''} architecture, random weights"
+        net = cast(build_transformer(arch, quick=quick, seed=seed, layers=layers), device, dtype)
+        depth = f", {layers} blocks per block list" if layers is not None else ""
+        description = f"{arch}{' (tiny)' if quick else ''} architecture{depth}, random weights"
     elif model is None and arch == "svd":
         net = cast(build_svd_unet("tiny" if quick else "svd", seed=seed), device, dtype)
         frames = int(net.config.num_frames) if frames is None else frames

@@ -62,6 +62,7 @@ class BenchRequest:
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
         cache: with `pipeline`, one of diffusers' step caches (`caches.CACHES`), timed alone and with each preset.
         frames: with `arch="svd"`: frames per clip (None: the model's, 14).
+        layers: a diffusion-transformer `arch` with at most that many blocks per block list (None: all).
         prompt, steps, guidance_scale: with `pipeline`, each generation's.
         command: the command line, for the metadata.
     """
@@ -95,6 +96,7 @@ class BenchRequest:
     text_encoders: str | None = None
     cache: str | None = None
     frames: int | None = None
+    layers: int | None = None
     prompt: str = "a photo of an astronaut riding a horse on mars"
     steps: int = 20
     guidance_scale: float = 7.5
@@ -129,6 +131,7 @@ def run_bench(request: BenchRequest) -> int:
         dtype,
         text_encoders=request.text_encoders or "full",
         frames=request.frames,
+        layers=request.layers,
     )
     methods, notes = pick_methods(
         bench.model,

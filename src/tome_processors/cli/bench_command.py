@@ -40,6 +40,10 @@ _COMPILE_DEFAULT = "default"
 _COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
+#: Transformer architectures measured on single forwards only (no random-weight pipeline of theirs in bench/).
+_NEW_TRANSFORMERS = ("qwenimage", "flux2", "chroma", "zimage")
+
+
 def _listed(values: Any) -> str:
     return " ".join(str(v) for v in values)
 
@@ -50,13 +54,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", default=None, help="a local diffusers folder (pipeline or unet) or a hub id")
     what.add_argument(
         "--arch",
-        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", "svd"],
+        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "svd"],
         default=None,
         help="a real UNet or diffusion-transformer architecture with random weights (default sd15 when no --model)",
     )
     what.add_argument("--quick", action="store_true", help="a tiny architecture that finishes in seconds")
     what.add_argument(
         "--frames", type=int, default=None, help="video architectures (svd): frames per clip (default the model's, 14)"
+    )
+    what.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="a transformer --arch at its real width with at most this many blocks per block list",
     )
     what.add_argument("--resolution", type=int, default=None, help="image side in pixels (default: the model's)")
     what.add_argument(
@@ -202,7 +212,11 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
         fail(f"Expected --threads >= 1, but got {args.threads}.")
     if args.frames is not None and args.arch != "svd":
         fail(f"Expected --frames only with a video --arch (svd), but got --arch {args.arch}.")
-    for name in ("batch", "warmup", "steps", "rounds", "frames"):
+    if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *_NEW_TRANSFORMERS):
+        fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
+    if args.pipeline and args.arch in _NEW_TRANSFORMERS:
+        fail(f"Expected --pipeline with sd15, sd2, sdxl, pixart, sd3 or flux, but got --arch {args.arch}.")
+    for name in ("batch", "warmup", "steps", "rounds", "frames", "layers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             fail(f"Expected --{name} >= 1, but got {getattr(args, name)}.")
     _check_pipeline(args, fail)
@@ -248,6 +262,7 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         model=args.model,
         arch=args.arch,
         quick=args.quick,
+        layers=args.layers,
         pipeline=args.pipeline,
         resolution=args.resolution,
         batch=args.batch,

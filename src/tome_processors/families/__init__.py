@@ -12,8 +12,10 @@ the processor stay generic. A family answers four questions about a model:
    from measured speed and quality (docs/options.md); `ToMeConfig.for_model` builds configs from them.
 
 Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
-`PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel` and Stable Video
-Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks).
+`PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel`, `Flux2Transformer2DModel`,
+`ChromaTransformer2DModel`, `QwenImageTransformer2DModel`, `ZImageTransformer2DModel` and Stable Video
+Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks). docs/families.md is the recipe for
+adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -32,26 +34,40 @@ from .base import (
     BlockSite,
     Family,
     Layout,
+    Rotary,
+    Span,
+    Stack,
     class_default_processor,
     is_mergeable_attention,
     max_downsample_for_levels,
 )
+from .chroma import ChromaFamily, Flux2Family
 from .dit import PixArtFamily, SD3Family
-from .flux import FluxFamily, grid_from_ids
+from .flux import FluxFamily, IdsGridFamily, grid_from_ids
+from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
+from .zimage import ZImageFamily
 
 __all__ = [
     "FAMILIES",
     "AttentionSite",
     "BlockSite",
+    "ChromaFamily",
     "Family",
+    "Flux2Family",
     "FluxFamily",
+    "IdsGridFamily",
     "Layout",
     "PixArtFamily",
+    "QwenImageFamily",
+    "Rotary",
     "SD3Family",
     "SVDFamily",
+    "Span",
+    "Stack",
     "UNetFamily",
+    "ZImageFamily",
     "attention_levels",
     "class_default_processor",
     "family_of",
@@ -67,12 +83,32 @@ __all__ = [
 #: Every supported family by name, in the order `find_family` tries them (the UNet family, which
 #: matches any model with spatial transformer blocks, last). Adding a `Family` subclass here supports it.
 FAMILIES: dict[str, type[Family]] = {
-    cls.name: cls for cls in (PixArtFamily, SD3Family, FluxFamily, SVDFamily, UNetFamily)
+    cls.name: cls
+    for cls in (
+        PixArtFamily,
+        SD3Family,
+        FluxFamily,
+        Flux2Family,
+        ChromaFamily,
+        QwenImageFamily,
+        ZImageFamily,
+        SVDFamily,
+        UNetFamily,
+    )
 }
 
 #: Diffusion transformers that ToMe does not know, named in the error so users see why.
 _SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Transformer2DModel), " + ", ".join(
-    ("PixArtTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel", "UNetSpatioTemporalConditionModel")
+    (
+        "PixArtTransformer2DModel",
+        "SD3Transformer2DModel",
+        "FluxTransformer2DModel",
+        "Flux2Transformer2DModel",
+        "ChromaTransformer2DModel",
+        "QwenImageTransformer2DModel",
+        "ZImageTransformer2DModel",
+        "UNetSpatioTemporalConditionModel",
+    )
 )
 
 

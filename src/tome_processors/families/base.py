@@ -26,6 +26,40 @@ class Layout(enum.Enum):
     #: `hidden_states` are text tokens followed by image tokens, and so is the output (Flux
     #: single-stream blocks).
     TEXT_FIRST = "text_first"
+    #: `hidden_states` are image tokens followed by others (padding, text), and so is the output
+    #: (Z-Image's unified sequence).
+    IMAGE_FIRST = "image_first"
+
+
+class Span(enum.Enum):
+    """Where the image grid's tokens sit in a block's `hidden_states` input (the merge metric)."""
+
+    #: The input is the grid's tokens and nothing else.
+    WHOLE = "whole"
+    #: The grid's tokens come first; others follow (Qwen-Image-Edit's reference image, Z-Image's text).
+    LEADING = "leading"
+    #: Other tokens (the text) come first; the grid's tokens close the input (FLUX.2's and Chroma's
+    #: single-stream blocks, which get text and image already concatenated).
+    TRAILING = "trailing"
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """How a family's attention processors receive rotary positions, so merged rows can keep theirs.
+
+    Attributes:
+        name / position: the processor's keyword, and its position after `hidden_states`.
+        covers_text: True where the tables cover the attention's whole sequence, text included (FLUX:
+            `(cos, sin)` over text then image tokens); False where the first table covers the image
+            tokens alone and any others are left as they are (Qwen-Image: `(image, text)`).
+        batched: True where the tables carry a batch axis, `(B, S, ...)` (Z-Image); else `(S, ...)` for
+            the whole batch.
+    """
+
+    name: str = "image_rotary_emb"
+    position: int = 2
+    covers_text: bool = True
+    batched: bool = False
 
 
 @dataclass(frozen=True)
@@ -35,21 +69,75 @@ class AttentionSite:
     `built_with` is the processor class the model builds this module with, where that is not its
     class's default (`class_default_processor`): SD3 builds its `Attention` modules with
     `JointAttnProcessor2_0`. A `ToMeProcessor()` made without an inner processor runs that one.
+    `mask_at` / `rotary_at`: where its module passes the attention mask and the rotary tables to the
+    processor, as positions after `hidden_states` when passed positionally (`rotary_at` None: the
+    family's `Rotary.position`). FLUX.2's single-stream attention passes `(mask, rotary)`, not
+    `(text, mask, rotary)`.
     """
 
     module: torch.nn.Module
     is_cross: bool
     layout: Layout = Layout.IMAGE
     built_with: type | None = None
+    mask_at: int = 1
+    rotary_at: int | None = None
 
 
 @dataclass(frozen=True)
 class BlockSite:
-    """A block whose raw `hidden_states` input (image tokens) is the merge metric."""
+    """A block whose raw `hidden_states` input (image tokens, where `span` says) is the merge metric."""
 
     module: torch.nn.Module
     attentions: tuple[AttentionSite, ...]
     feed_forward: torch.nn.Module | None
+    span: Span = Span.WHOLE
+
+    def metric(self, hidden_states: torch.Tensor, grid_tokens: int) -> torch.Tensor:
+        """The grid's `grid_tokens` tokens of the block input `hidden_states` `(B, S, C)` (a view).
+
+        Example:
+            >>> site = BlockSite(torch.nn.Identity(), (), None, Span.TRAILING)
+            >>> site.metric(torch.arange(5.0).view(1, 5, 1), 3).flatten().tolist()
+            [2.0, 3.0, 4.0]
+        """
+        if self.span is Span.WHOLE or hidden_states.ndim != 3 or hidden_states.shape[1] <= grid_tokens:
+            return hidden_states
+        if self.span is Span.LEADING:
+            return hidden_states[:, :grid_tokens]
+        return hidden_states[:, hidden_states.shape[1] - grid_tokens :]
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One list of blocks of a model, declared: where it is and how its attention lays out the tokens.
+
+    Attributes:
+        blocks: the model's attribute that holds the blocks (an `nn.ModuleList`).
+        layout: how the blocks' attention receives the image tokens (`Layout`).
+        attention: the block's attribute that holds the attention module.
+        feed_forward: the block's feed-forward attribute (merged with `merge_mlp`), or None.
+        span: where the grid's tokens sit in the block's input (`Span`).
+        mask_at / rotary_at: see `AttentionSite`.
+    """
+
+    blocks: str
+    layout: Layout
+    attention: str = "attn"
+    feed_forward: str | None = None
+    span: Span = Span.WHOLE
+    mask_at: int = 1
+    rotary_at: int | None = None
+
+    def sites(self, model: torch.nn.Module) -> list[BlockSite]:
+        """A `BlockSite` for every block of this stack in `model` (none where the model has no such list)."""
+        sites = []
+        for block in getattr(model, self.blocks, None) or ():
+            attention = AttentionSite(
+                getattr(block, self.attention), False, self.layout, mask_at=self.mask_at, rotary_at=self.rotary_at
+            )
+            ff = getattr(block, self.feed_forward, None) if self.feed_forward else None
+            sites.append(BlockSite(block, (attention,), ff, self.span))
+        return sites
 
 
 def is_mergeable_attention(attn: Any) -> bool:
@@ -101,10 +189,23 @@ class Family:
         presets: `ToMeConfig` fields per preset name, applied over `defaults`.
         needs_row_token: True where positional encodings must follow merged rows (Flux's rotary
             embeddings), so every merge records `TokenMerge.row_token`.
+        rotary: how the attention processors receive rotary positions (`Rotary`), where they do.
+        masks_text_only: True where the model's attention masks mask text padding only, every image
+            token a valid key (Chroma, Z-Image): such a mask is cut to the merged sequence instead of
+            leaving the attention unmerged.
+        model_class: the model class the family supports (`matches` checks it), for declared families.
+        stacks: the model's block lists (`Stack`), in forward order, for declared families.
+
+    A family of a joint text-image transformer is mostly a declaration: `model_class`, `stacks`,
+    `rotary`, the timestep and the presets; `matches` and `blocks` come from them (docs/families.md).
     """
 
     name = "family"
     needs_row_token = False
+    rotary: Rotary | None = None
+    masks_text_only = False
+    model_class: type | None = None
+    stacks: tuple[Stack, ...] = ()
     input_name = "hidden_states"
     input_position = 0
     timestep_position = 2
@@ -114,10 +215,14 @@ class Family:
     presets: dict[str, dict[str, Any]] = {}
 
     def matches(self, model: torch.nn.Module) -> bool:
-        raise NotImplementedError
+        if self.model_class is None:
+            raise NotImplementedError
+        return isinstance(model, self.model_class)
 
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
-        raise NotImplementedError
+        if not self.stacks:
+            raise NotImplementedError
+        return [site for stack in self.stacks for site in stack.sites(model)]
 
     def auto_downsample(self, model: torch.nn.Module) -> int:
         """What `max_downsample="auto"` means: every transformer block works at the patch grid."""

@@ -24,14 +24,13 @@ class PixArtFamily(Family):
     """`PixArtTransformer2DModel`: `BasicTransformerBlock`s (ada_norm_single) over the patch grid."""
 
     name = "pixart"
+    model_class = PixArtTransformer2DModel
     timestep_position = 2
     defaults: dict[str, Any] = {"ratio": 0.4}
     presets = _DIT_PRESETS
 
-    def matches(self, model: torch.nn.Module) -> bool:
-        return isinstance(model, PixArtTransformer2DModel)
-
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        # Glue: which of attn1 / attn2 are self-attention depends on each block's configuration.
         sites = []
         for block in model.transformer_blocks:
             attentions = [AttentionSite(block.attn1, bool(block.only_cross_attention))]
@@ -45,15 +44,14 @@ class SD3Family(Family):
     """`SD3Transformer2DModel`: `JointTransformerBlock`s; the text stream is never merged."""
 
     name = "sd3"
+    model_class = SD3Transformer2DModel
     timestep_position = 3
     merge_only = True
     defaults: dict[str, Any] = {"ratio": 0.4}
     presets = _DIT_PRESETS
 
-    def matches(self, model: torch.nn.Module) -> bool:
-        return isinstance(model, SD3Transformer2DModel)
-
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        # Glue: SD3.5's blocks may add a second attention over the image tokens alone.
         sites = []
         for block in model.transformer_blocks:
             # Both built with `JointAttnProcessor2_0`, not `Attention`'s default.

@@ -1,4 +1,4 @@
-"""FLUX.1: double-stream (joint) then single-stream (text first) blocks over packed tokens."""
+"""FLUX.1: double-stream (joint) then single-stream (text first) blocks over packed tokens, the grid from `img_ids`."""
 
 from __future__ import annotations
 
@@ -11,55 +11,37 @@ from diffusers import FluxTransformer2DModel
 
 from .._similarity import is_compiling
 from ..arguments import argument
-from .base import AttentionSite, BlockSite, Family, Layout
+from .base import Family, Layout, Rotary, Stack
 
 
-class FluxFamily(Family):
-    """`FluxTransformer2DModel`: double-stream (joint) then single-stream (text first) blocks.
+class IdsGridFamily(Family):
+    """A family whose model gets packed tokens `(B, N, C)` and reads its grid from `img_ids` (FLUX.1, FLUX.2, Chroma).
 
-    The model gets packed tokens `(B, N, C)`, so the grid comes from `img_ids` (rows in column 1,
-    columns in column 2, row-major from 0, as the Flux pipelines build them). Inputs whose `img_ids`
-    are not one such grid (e.g. Kontext's appended reference image) are not merged.
+    `img_ids` number rows in column 1 and columns in column 2, row-major from 0, as the Flux pipelines build
+    them. Inputs whose `img_ids` are not one such grid (e.g. Kontext's appended reference image) are not
+    merged. Subclasses declare `ids_position`, where `img_ids` sits in the model's forward.
     """
 
-    name = "flux"
     needs_row_token = True
-    timestep_position = 3
+    rotary = Rotary()
     timestep_scale = 1000.0  # the Flux pipelines pass sigma (0..1) as the timestep
     merge_only = True
-    defaults: dict[str, Any] = {"ratio": 0.3}
-    presets: dict[str, dict[str, Any]] = {
-        "exact": {},
-        # Lower ratios than PixArt's and SD3's: a merged row also loses its tokens' rotary positions.
-        "balanced": {"share_level": True},
-        "fast": {"ratio": 0.5, "share_level": True},
-    }
+    ids_position = 4
 
     def __init__(self) -> None:
         self._last: tuple[weakref.ref, object, int, tuple[int, int] | None] | None = None
         self._warned = False
 
-    def matches(self, model: torch.nn.Module) -> bool:
-        return isinstance(model, FluxTransformer2DModel)
-
-    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
-        sites = [BlockSite(b, (AttentionSite(b.attn, False, Layout.JOINT),), b.ff) for b in model.transformer_blocks]
-        sites += [
-            BlockSite(b, (AttentionSite(b.attn, False, Layout.TEXT_FIRST),), None)
-            for b in model.single_transformer_blocks
-        ]
-        return sites
-
     def generation_marker(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
         """`img_ids`: the Flux pipelines pass `t / 1000` (a new tensor every call) but make `img_ids` once per call."""
         if is_compiling():
             return None
-        ids = argument(args, kwargs, 4, "img_ids")
+        ids = argument(args, kwargs, self.ids_position, "img_ids")
         return ids if isinstance(ids, torch.Tensor) else None
 
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
         x = argument(args, kwargs, 0, "hidden_states")
-        ids = argument(args, kwargs, 4, "img_ids")
+        ids = argument(args, kwargs, self.ids_position, "img_ids")
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or not isinstance(ids, torch.Tensor):
             return None
         given = ids  # the object the pipeline passes every step (a 3-D one is sliced below)
@@ -85,6 +67,26 @@ class FluxFamily(Family):
                 stacklevel=2,
             )
         return grid
+
+
+class FluxFamily(IdsGridFamily):
+    """`FluxTransformer2DModel`: double-stream (joint) then single-stream (text first) blocks."""
+
+    name = "flux"
+    model_class = FluxTransformer2DModel
+    stacks = (
+        Stack("transformer_blocks", Layout.JOINT, feed_forward="ff"),
+        Stack("single_transformer_blocks", Layout.TEXT_FIRST),
+    )
+    timestep_position = 3
+    ids_position = 4
+    defaults: dict[str, Any] = {"ratio": 0.3}
+    presets: dict[str, dict[str, Any]] = {
+        "exact": {},
+        # Lower ratios than PixArt's and SD3's: a merged row also loses its tokens' rotary positions.
+        "balanced": {"share_level": True},
+        "fast": {"ratio": 0.5, "share_level": True},
+    }
 
 
 def grid_from_ids(ids: torch.Tensor, num_tokens: int) -> tuple[int, int] | None:

@@ -1,0 +1,53 @@
+"""Chroma and FLUX.2: FLUX.1-shaped (double-stream, then single-stream blocks; the grid from `img_ids`).
+
+Unlike FLUX.1, their models concatenate text and image before the single-stream blocks, so those blocks'
+input opens with the text (`Span.TRAILING`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from diffusers import ChromaTransformer2DModel, Flux2Transformer2DModel
+
+from .base import Layout, Span, Stack
+from .flux import FluxFamily, IdsGridFamily
+
+#: Double-stream blocks (image and text passed apart), then single-stream ones over the text and image.
+_STACKS = (
+    Stack("transformer_blocks", Layout.JOINT, feed_forward="ff"),
+    Stack("single_transformer_blocks", Layout.TEXT_FIRST, span=Span.TRAILING),
+)
+#: FLUX.2's single-stream attention calls its processor with `(mask, rotary)` after `hidden_states`.
+_FLUX2_STACKS = (
+    _STACKS[0],
+    Stack("single_transformer_blocks", Layout.TEXT_FIRST, span=Span.TRAILING, mask_at=0, rotary_at=1),
+)
+
+
+class ChromaFamily(IdsGridFamily):
+    """`ChromaTransformer2DModel`: FLUX.1's blocks; its pipeline masks text padding (cut, not refused)."""
+
+    name = "chroma"
+    model_class = ChromaTransformer2DModel
+    stacks = _STACKS
+    timestep_position = 2
+    ids_position = 3
+    masks_text_only = True  # ChromaPipeline's mask: the prompt's padding, then ones for every image token
+    defaults: dict[str, Any] = dict(FluxFamily.defaults)
+    presets: dict[str, dict[str, Any]] = FluxFamily.presets
+
+
+class Flux2Family(IdsGridFamily):
+    """`Flux2Transformer2DModel`: FLUX.1's layout; the single-stream attention holds the block's MLP too.
+
+    `img_ids` have four columns (time, row, column, layer); rows and columns are read as FLUX.1's.
+    """
+
+    name = "flux2"
+    model_class = Flux2Transformer2DModel
+    stacks = _FLUX2_STACKS
+    timestep_position = 2
+    ids_position = 3
+    defaults: dict[str, Any] = dict(FluxFamily.defaults)
+    presets: dict[str, dict[str, Any]] = FluxFamily.presets
