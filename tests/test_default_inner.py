@@ -24,11 +24,17 @@ from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, Fl
 import tome_processors as tp
 from test_composition import EMBED_DIM, ip_adapter_state_dict
 from tome_processors import ToMeConfig, ToMeProcessor
+from tome_processors.apply import inner_processor
 from tome_processors.families import FAMILIES, find_family
 from tome_processors.hooks import attention_modules
 
 from models import run_unet, tiny_unet, unet_inputs
+from pipelines import svd_inputs, tiny_svd_unet
 from test_dit import TEXT_DIM, flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
+from test_new_families import CASES
+
+#: One case of each new image family (tests/test_new_families.py).
+NEW_FAMILY_CASES = ("qwenimage", "flux2", "chroma", "zimage")
 
 #: A tiny model of every family, with its call. A family added to FAMILIES needs a row here.
 MODELS = {
@@ -39,12 +45,15 @@ MODELS = {
     "pixart": (tiny_pixart, lambda model: pixart_inputs()),
     "sd3": (tiny_sd3, lambda model: sd3_inputs()),  # with SD3.5's dual attention in block 0
     "flux": (tiny_flux, lambda model: flux_inputs()),
+    "svd": (tiny_svd_unet, lambda model: svd_inputs()),
+    **{name: (CASES[name].build, lambda model, name=name: CASES[name].inputs()) for name in NEW_FAMILY_CASES},
 }
 
 
 def forward(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
-        return model(**inputs).sample
+        out = model(**inputs)
+    return out.sample if hasattr(out, "sample") else out[0]
 
 
 def test_every_family_knows_the_processor_its_attention_is_built_with():
@@ -62,6 +71,9 @@ def test_every_family_knows_the_processor_its_attention_is_built_with():
 def test_set_attn_processor_alone_works_on_every_family(family, ratio):
     build, call = MODELS[family]
     model = build()
+    if not hasattr(model, "set_attn_processor"):  # Z-Image's transformer has none: apply_tome is the way
+        assert family == "zimage"
+        return
     inputs = call(model)
     plain = forward(model, inputs)
     with warnings.catch_warnings():
@@ -73,7 +85,8 @@ def test_set_attn_processor_alone_works_on_every_family(family, ratio):
         first = forward(model, inputs)
     assert torch.equal(first, expected) and torch.equal(forward(model, inputs), expected)
     assert torch.equal(first, plain) == (ratio == 0)
-    built = {type(attn.processor.inner) for attn in attention_modules(model)}
+    # Modules ToMe merges nothing in (SVD's temporal attention) keep `inner=None` and run the built-with one.
+    built = {type(inner_processor(model, attn)) for attn in attention_modules(model)}
     assert built == {type(p) for p in dict(build().attn_processors).values()}
     tp.remove_tome(model)
     assert torch.equal(forward(model, inputs), plain)

@@ -282,7 +282,7 @@ def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState
     context.handles.append(block.register_forward_hook(block_post_hook, with_kwargs=True, always_call=True))
 
     for attention in site.attentions:
-        built_with = attention.built_with or class_default_processor(attention.module)
+        built_with = attention.built_with or context.family.built_with or class_default_processor(attention.module)
         slot = AttentionSlot(
             block_state,
             attention.is_cross,

@@ -7,7 +7,10 @@ import weakref
 from typing import Any
 
 import torch
-from diffusers.models.attention_processor import AttnProcessor2_0
+from diffusers.models.attention_processor import AttnProcessor2_0, JointAttnProcessor2_0
+from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
+from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
 
 from ._similarity import is_compiling
 from .arguments import argument
@@ -207,17 +210,19 @@ class ToMeProcessor(torch.nn.Module):
         if slot is None:  # nothing merged here (the VAE's attention, a module called on its own)
             if is_compiling():  # no weak mapping inside a traced graph: `Attention`'s default, made at construction
                 inner = self._sdpa if class_default_processor(attn) is AttnProcessor2_0 else self.built_inner(attn)
-                return inner(attn, hidden_states, *args, **kwargs)
+                return inner(attn, hidden_states, *args, **_accepted(inner, kwargs))
             inner = self._built.get(attn)
             if inner is None:
                 inner = self.built_inner(attn)
                 self._built.set(attn, inner)
-            return inner(attn, hidden_states, *args, **kwargs)
+            # Only what that processor takes: this one's signature is the union of several (`_union_signature`).
+            return inner(attn, hidden_states, *args, **_accepted(inner, kwargs))
         config = slot.block.model.config if self._takes_model_config else self.config
-        wrapper = ToMeProcessor(self.built_inner(attn, slot.built_with), config)
+        inner = self.built_inner(attn, slot.built_with)
+        wrapper = ToMeProcessor(inner, config)
         if not is_compiling():  # from now on this module holds what `apply_tome` would have set
             attn.set_processor(wrapper)
-        return wrapper(attn, hidden_states, *args, **kwargs)
+        return wrapper(attn, hidden_states, *args, **_accepted(inner, kwargs))
 
     def _merge_for(
         self,
@@ -268,5 +273,42 @@ class ToMeProcessor(torch.nn.Module):
 
 #: Attributes that diffusers reads and sets on processors, kept on the inner processor.
 _FORWARDED = frozenset({"_attention_backend", "_parallel_config"})
-#: What a `ToMeProcessor` without an inner processor shows diffusers' keyword filter: `Attention`'s default's.
-_DEFAULT_SIGNATURE = _inner_signature(AttnProcessor2_0())
+
+
+def _union_signature(processors: list[type]) -> inspect.Signature:
+    """`(attn, hidden_states, *, every other parameter of any of processors=None)`: what a `ToMeProcessor`
+    without an inner processor shows diffusers' keyword filter, so that no keyword its module's built-with
+    processor takes is dropped before that processor is known (Qwen-Image's `encoder_hidden_states_mask`)."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    leading = [inspect.Parameter("attn", kind), inspect.Parameter("hidden_states", kind)]
+    names: dict[str, inspect.Parameter] = {}
+    for processor in processors:
+        for name, parameter in list(inspect.signature(processor.__call__).parameters.items())[3:]:
+            if parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                names.setdefault(name, inspect.Parameter(name, parameter.KEYWORD_ONLY, default=None))
+    return inspect.Signature([*leading, *names.values()])
+
+
+def _accepted(inner: Any, kwargs: dict) -> dict:
+    """`kwargs` less the names `inner.__call__` takes no parameter for (as diffusers' own keyword filter)."""
+    if not kwargs:
+        return kwargs
+    try:
+        parameters = inspect.signature(inner.__call__).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return kwargs
+    return {name: value for name, value in kwargs.items() if name in parameters}
+
+
+#: What a `ToMeProcessor` without an inner processor shows diffusers' keyword filter (`_union_signature`).
+_DEFAULT_SIGNATURE = _union_signature(
+    [
+        AttnProcessor2_0,
+        JointAttnProcessor2_0,
+        FluxAttnProcessor,
+        QwenDoubleStreamAttnProcessor2_0,
+        ZSingleStreamAttnProcessor,
+    ]
+)

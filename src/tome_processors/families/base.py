@@ -214,6 +214,10 @@ class Family:
     defaults: dict[str, Any] = {}
     presets: dict[str, dict[str, Any]] = {}
 
+    #: The processor class every attention module of the family's models is built with, where that is not the
+    #: attention class's default (Qwen-Image's `Attention` modules: `QwenDoubleStreamAttnProcessor2_0`).
+    built_with: type | None = None
+
     def matches(self, model: torch.nn.Module) -> bool:
         if self.model_class is None:
             raise NotImplementedError
@@ -231,15 +235,15 @@ class Family:
     def built_processor(self, model: torch.nn.Module, attn: torch.nn.Module) -> type | None:
         """The processor class `model` builds its attention module `attn` with, or None where unknown.
 
-        A block site's `built_with`, else the class's default (`class_default_processor`). A family whose
-        models build attention with another processor declares it on its sites (tests/test_default_inner.py
-        checks every family against freshly built models).
+        A block site's `built_with`, else the family's `built_with`, else the class's default
+        (`class_default_processor`). A family whose models build attention with another processor declares it
+        (tests/test_default_inner.py checks every family against freshly built models).
         """
         for site in self.blocks(model):
             for attention in site.attentions:
                 if attention.module is attn and attention.built_with is not None:
                     return attention.built_with
-        return class_default_processor(attn)
+        return self.built_with or class_default_processor(attn)
 
     def preset_options(self, name: str, model: torch.nn.Module | None = None) -> dict[str, Any]:
         """The `ToMeConfig` fields of preset `name` on `model` (or on the family's usual layout), defaults included.

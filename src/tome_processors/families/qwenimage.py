@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from diffusers import QwenImageTransformer2DModel
+from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
 from ..arguments import argument
 from .base import Family, Layout, Rotary, Span, Stack
@@ -23,6 +24,7 @@ class QwenImageFamily(Family):
     """
 
     name = "qwenimage"
+    built_with = QwenDoubleStreamAttnProcessor2_0
     model_class = QwenImageTransformer2DModel
     stacks = (Stack("transformer_blocks", Layout.JOINT, feed_forward="img_mlp", span=Span.LEADING),)
     needs_row_token = True

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 from diffusers import ZImageTransformer2DModel
+from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
 
 from ..arguments import argument
 from .base import Family, Layout, Rotary, Span, Stack
@@ -24,6 +25,7 @@ class ZImageFamily(Family):
     """
 
     name = "zimage"
+    built_with = ZSingleStreamAttnProcessor
     model_class = ZImageTransformer2DModel
     stacks = (
         Stack("noise_refiner", Layout.IMAGE_FIRST, "attention", "feed_forward", Span.LEADING),
