@@ -314,7 +314,7 @@ def test_bench_builds_svd_with_its_frames():
     from tome_processors.bench.models import build_model
 
     bench = build_model(arch="svd", quick=True, frames=3, resolution=64)
-    assert bench.family.name == "svd" and "3 frames" in bench.description
+    assert bench.family.name == "svd" and "frames: 3" in bench.description
     assert tuple(bench.forward(bench.model).shape) == (2, 3, 4, 8, 8)  # batch 2 (guidance) x 3 frames
 
 
