@@ -314,7 +314,7 @@ def test_bench_builds_svd_with_its_frames():
     from tome_processors.bench.models import build_model
 
     bench = build_model(arch="svd", quick=True, frames=3, resolution=64)
-    assert bench.family.name == "svd" and "3 frames" in bench.description
+    assert bench.family.name == "svd" and "frames: 3" in bench.description
     assert tuple(bench.forward(bench.model).shape) == (2, 3, 4, 8, 8)  # batch 2 (guidance) x 3 frames
 
 
@@ -357,3 +357,15 @@ def test_svd_presets_are_the_unet_presets_per_frame():
         assert ToMeConfig.from_preset(preset, "svd") == ToMeConfig.from_preset(preset, "unet")
         assert ToMeConfig.from_preset(preset, unet) == ToMeConfig.from_preset(preset, "unet")
     assert ToMeConfig.from_preset("fast", unet).max_downsample == 2
+
+
+def test_svd_set_attn_processor_merges_as_apply_tome():
+    # The diffusers way: the merge context attaches at the first forward and merges exactly as apply_tome.
+    unet = tiny_svd_unet()
+    inputs = svd_inputs()
+    tp.apply_tome(unet)
+    expected = run(unet, inputs)
+    tp.remove_tome(unet)
+    unet.set_attn_processor(ToMeProcessor())
+    assert torch.equal(run(unet, inputs), expected)
+    assert context_of(unet).family.name == "svd"

@@ -126,7 +126,7 @@ def build_model(
     elif model is None and arch == "svd":
         net = cast(build_svd_unet("tiny" if quick else "svd", seed=seed), device, dtype)
         frames = int(net.config.num_frames) if frames is None else frames
-        description = f"svd{' (tiny)' if quick else ''} architecture, random weights, {frames} frames"
+        description = f"svd{' (tiny)' if quick else ''} architecture, random weights, frames: {frames}"
     elif model is None:
         name = arch or "sd15"
         if quick:
