@@ -112,6 +112,11 @@ def test_cpu_gemm_path_and_plain_matmul_choose_the_same_merge(monkeypatch):
     with torch.backends.mkldnn.flags(enabled=False):
         assert not cpu_path(metric)
         assert torch.equal(bipartite_soft_matching_2d(metric, 32, 32, 2, 2, 400).token_row, fast.token_row)
+        gpu_merged = fast.merge(metric)  # `index_add`, as on a GPU
+    # The CPU path sums with an accumulating `index_put`: the same means, and the same round trip.
+    assert cpu_path(metric)
+    torch.testing.assert_close(fast.merge(metric), gpu_merged)
+    torch.testing.assert_close(fast.unmerge(fast.merge(metric)), fast.unmerge(gpu_merged))
 
 
 def test_every_similarity_dtype_runs_on_cpu_and_mostly_agrees():
@@ -195,8 +200,8 @@ def test_text_rows_pass_the_text_through_and_merge_the_grid_as_without_them(batc
 
 
 def test_merging_sums_into_kept_zeros_without_writing_them():
-    # The merge and the row sizes sum with an out-of-place index_add into zero tensors kept per shape: a
-    # merge must never write into them, and few are kept (they can be large).
+    # The merge and the row sizes sum out of place (`index_add`, or on the CPU path an accumulating `index_put`)
+    # into zero tensors kept per shape: a merge must never write into them, and few are kept (they can be large).
     metric = torch.randn(2, 64, 8)
     merge = bipartite_soft_matching_2d(metric, 8, 8, 2, 2, r=20)
     first = merge.merge(metric)

@@ -6,8 +6,8 @@ accuracy; it is private and its dtypes depend on the CPU, so it is checked once 
 where it computes what `bmm` would. Everywhere else (CUDA, MPS, under torch.compile) it is one `bmm` and
 one `max`: few ops matter more than FLOPs there.
 
-`cpu_path(t)` says whether a tensor takes that CPU path; `merge.match` also gathers its tokens with
-`index_select` there, the faster copy on CPU of a channels-first block input.
+`cpu_path(t)` says whether a tensor takes that CPU path; `TokenMerge.merge` also sums with an accumulating
+`index_put` there.
 """
 
 from __future__ import annotations
