@@ -113,7 +113,9 @@ class ModelHooks:
         if state.config.ratio_start is not None and self.schedule is not None:
             # The argument as passed (a view of the schedule), not the family's rescaled copy.
             value = self.schedule.value_for(argument(args, kwargs, family.timestep_position, "timestep"))
-        state.begin(grid, family.timestep(args, kwargs), value)
+        # A video family's grid is `(frames, h, w)`.
+        frames = grid[0] if len(grid) == 3 else 1
+        state.begin(grid[-2:], family.timestep(args, kwargs), value, frames)
 
     def block_of(self, module: torch.nn.Module) -> BlockState | None:
         for block_module, block in zip(self.block_modules, self.blocks, strict=True):

@@ -1,9 +1,10 @@
-"""Diffusion transformers for `tome-processors bench --arch pixart|sd3|flux`: random weights, fixed inputs.
+"""Diffusion transformers for `tome-processors bench --arch pixart|sd3|flux|wan`: random weights, fixed inputs.
 
 The full-size architectures follow the published transformer configs of PixArt-α (XL-2, 1024 px),
-Stable Diffusion 3 medium and FLUX.1-dev (nothing is downloaded; weights are diffusers' random
-initialisation, so speed and memory are those of the real model while the output change says nothing
-about image quality). FLUX.1-dev has 12 B parameters: about 48 GB in float32, 24 GB in bfloat16.
+Stable Diffusion 3 medium, FLUX.1-dev and Wan2.1-T2V-1.3B (a video model: its inputs are a latent clip of
+`frames` frames at `resolution x width` pixels; `layers` shortens its depth). Nothing is downloaded; weights
+are diffusers' random initialisation, so speed and memory are those of the real model while the output
+change says nothing about image quality. FLUX.1-dev has 12 B parameters: about 48 GB in float32, 24 GB in bfloat16.
 `--quick` builds tiny versions with the same block structure.
 
 Example:
@@ -19,10 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel
+from diffusers import FluxTransformer2DModel, PixArtTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel
 
 __all__ = [
     "QUICK_TEXT_TOKENS",
+    "VIDEO_ARCHITECTURES",
+    "latent_frames",
     "TRANSFORMER_ARCHITECTURES",
     "TransformerInputs",
     "build_transformer",
@@ -67,6 +70,21 @@ _FULL: dict[str, dict[str, Any]] = {
         guidance_embeds=True,
         axes_dims_rope=(16, 56, 56),
     ),
+    "wan": dict(  # Wan2.1-T2V-1.3B
+        patch_size=(1, 2, 2),
+        num_attention_heads=12,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=8960,
+        num_layers=30,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        eps=1e-6,
+        rope_max_seq_len=1024,
+    ),
 }
 _QUICK: dict[str, dict[str, Any]] = {
     "pixart": dict(_FULL["pixart"], num_attention_heads=2, attention_head_dim=16, num_layers=2, cross_attention_dim=32,
@@ -76,12 +94,20 @@ _QUICK: dict[str, dict[str, Any]] = {
                 pos_embed_max_size=32),
     "flux": dict(_FULL["flux"], in_channels=16, num_layers=1, num_single_layers=2, attention_head_dim=16,
                  num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 6, 6)),
+    "wan": dict(_FULL["wan"], num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=32,
+                freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=64),
 }  # fmt: skip
 
 #: Architecture name -> transformer config (the full-size one).
 TRANSFORMER_ARCHITECTURES = _FULL
 #: Text tokens of each family's pipeline: PixArt-α's T5 (120), SD3's CLIP + T5 (77 + 256), Flux's T5 (512).
-TEXT_TOKENS = {"pixart": 120, "sd3": 333, "flux": 512}
+TEXT_TOKENS = {"pixart": 120, "sd3": 333, "flux": 512, "wan": 512}
+#: Video architectures: inputs are clips (`frames`, and `width` beside `resolution`, the height).
+VIDEO_ARCHITECTURES = ("wan",)
+#: A video architecture's clip when none is given: height, width, pixel frames (Wan's 480p, 33 frames).
+VIDEO_DEFAULTS = {"wan": (480, 832, 33)}
+#: The VAE's stride in time and space (Wan's: 4 frames, 8 pixels).
+_VIDEO_STRIDES = {"wan": (4, 8)}
 #: Text tokens for the `--quick` models.
 QUICK_TEXT_TOKENS = 16
 
@@ -90,20 +116,41 @@ _MODEL_CLASSES: dict[str, type] = {
     "pixart": PixArtTransformer2DModel,
     "sd3": SD3Transformer2DModel,
     "flux": FluxTransformer2DModel,
+    "wan": WanTransformer3DModel,
 }
 
 
-def build_transformer(arch: str, quick: bool = False, seed: int = 0) -> torch.nn.Module:
+def build_transformer(arch: str, quick: bool = False, seed: int = 0, layers: int | None = None) -> torch.nn.Module:
     """A diffusion transformer of the named architecture with random weights (seeded), in eval mode.
+
+    `layers` shortens a video architecture to that many blocks (a CPU cannot run all 30 of Wan's at a
+    clip's token count; speed-ups are then per block).
 
     Example:
         >>> type(build_transformer("sd3", quick=True)).__name__
         'SD3Transformer2DModel'
+        >>> len(build_transformer("wan", quick=True, layers=1).blocks)
+        1
     """
     if arch not in _FULL:
         raise ValueError(f"Expected arch among {sorted(_FULL)}, but got {arch!r}.")
+    config = dict((_QUICK if quick else _FULL)[arch])
+    if layers is not None:
+        if arch not in VIDEO_ARCHITECTURES or layers < 1:
+            raise ValueError(f"Expected layers >= 1 on a video architecture {VIDEO_ARCHITECTURES}, but got {layers}.")
+        config["num_layers"] = layers
     torch.manual_seed(seed)
-    return _MODEL_CLASSES[arch](**(_QUICK if quick else _FULL)[arch]).eval()
+    return _MODEL_CLASSES[arch](**config).eval()
+
+
+def latent_frames(arch: str, frames: int) -> int:
+    """The latent frames of a clip of `frames` pixel frames: `1 + (frames - 1) // stride` (Wan's VAE: 4).
+
+    Example:
+        >>> latent_frames("wan", 33), latent_frames("wan", 81)
+        (9, 21)
+    """
+    return 1 + (frames - 1) // _VIDEO_STRIDES[arch][0]
 
 
 @dataclass
@@ -127,10 +174,13 @@ def make_transformer_inputs(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     text_tokens: int | None = None,
+    frames: int | None = None,
+    width: int | None = None,
 ) -> TransformerInputs:
     """Random fixed inputs for `model` at `resolution` pixels (latent side `resolution // 8`).
 
-    `text_tokens` defaults to the family pipeline's prompt length (`TEXT_TOKENS`).
+    `text_tokens` defaults to the family pipeline's prompt length (`TEXT_TOKENS`). A video architecture's
+    clip is `frames` pixel frames (`latent_frames` in the latent) of `resolution x width` pixels.
 
     Example:
         >>> flux = build_transformer("flux", quick=True)
@@ -173,6 +223,15 @@ def make_transformer_inputs(
             "img_ids": ids.view(-1, 3).to(device, dtype),
             "txt_ids": torch.zeros(text_len, 3, device=device, dtype=dtype),
             "guidance": torch.full((batch,), 3.5, device=device, dtype=dtype),
+        }
+    elif arch in VIDEO_ARCHITECTURES:
+        _, default_width, default_frames = VIDEO_DEFAULTS[arch]
+        stride = _VIDEO_STRIDES[arch][1]
+        clip = (latent_frames(arch, frames or default_frames), resolution // stride, (width or default_width) // stride)
+        kwargs = {
+            "hidden_states": randn(batch, config.in_channels, *clip),
+            "timestep": torch.full((batch,), 500, device=device),
+            "encoder_hidden_states": randn(batch, text_len, config.text_dim),
         }
     else:  # sd3
         kwargs = {

@@ -3,6 +3,7 @@
 - `--arch sd15|sd2|sdxl` (default sd15): a UNet of that architecture with random weights (`unet.py`),
   SDPA processors (`AttnProcessor2_0`) in every attention module;
 - `--arch pixart|sd3|flux`: a diffusion transformer (`dit.py`), keeping its own processors;
+- `--arch wan`: a video diffusion transformer on a clip (`--frames`, `--width`; `--layers` shortens it);
 - `--quick`: a tiny model of the same layout;
 - `--model`: a local folder or hub id (a UNet, or with `--pipeline` a whole pipeline);
 - `--pipeline` without `--model`: the architecture's whole pipeline around that model, every other
@@ -28,7 +29,14 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 
 from ..apply import target_models
 from ..families import Family, find_family
-from .dit import QUICK_TEXT_TOKENS, TRANSFORMER_ARCHITECTURES, build_transformer, make_transformer_inputs
+from .dit import (
+    QUICK_TEXT_TOKENS,
+    TRANSFORMER_ARCHITECTURES,
+    VIDEO_ARCHITECTURES,
+    VIDEO_DEFAULTS,
+    build_transformer,
+    make_transformer_inputs,
+)
 from .pipelines import build_pipeline
 from .unet import build_unet, load_unet, make_inputs
 
@@ -89,6 +97,9 @@ def build_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     text_encoders: str = "full",
+    frames: int | None = None,
+    width: int | None = None,
+    layers: int | None = None,
 ) -> BenchModel:
     """The model to measure, with fixed inputs of `batch` at `resolution` pixels (default: the model's own).
 
@@ -100,6 +111,8 @@ def build_model(
             pipeline with random weights around the same denoiser (`pipelines.build_pipeline`).
         seed: seeds the random weights and inputs.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (`pipelines.build_pipeline`).
+        frames, width, layers: a video architecture's pixel frames, width (`resolution` is the height) and
+            blocks (default: its clip of `dit.VIDEO_DEFAULTS`, all blocks).
 
     Example:
         >>> bench_model = build_model(arch="pixart", quick=True, pipeline=True)
@@ -111,7 +124,7 @@ def build_model(
     device = torch.device(device)
     pipe, components, call_kwargs = None, {}, {}
     if model is None and arch in TRANSFORMER_ARCHITECTURES:
-        net = cast(build_transformer(arch, quick=quick, seed=seed), device, dtype)
+        net = cast(build_transformer(arch, quick=quick, seed=seed, layers=layers), device, dtype)
         description = f"{arch}{' (tiny)' if quick else ''} architecture, random weights"
     elif model is None:
         name = arch or "sd15"
@@ -141,11 +154,16 @@ def build_model(
         net.set_attn_processor(AttnProcessor2_0())
     sample_size = getattr(net.config, "sample_size", None) or 128  # Flux has none: 1024 px
     sample_size = sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size
+    video = family is not None and family.name in VIDEO_ARCHITECTURES
+    if video and not quick:
+        resolution = resolution or VIDEO_DEFAULTS[family.name][0]
     resolution = resolution or (128 if quick else int(sample_size) * 8)
     if transformer:
         text_tokens = QUICK_TEXT_TOKENS if quick else None
+        clip = {"frames": frames or (9 if quick else None), "width": width or (resolution if quick else None)}
+        clip = clip if video else {}
         inputs: Any = make_transformer_inputs(
-            net, family.name, batch, resolution, seed, device, dtype, text_tokens=text_tokens
+            net, family.name, batch, resolution, seed, device, dtype, text_tokens=text_tokens, **clip
         )
     else:
         inputs = make_inputs(net, batch, resolution, seed=seed, device=device, dtype=dtype)

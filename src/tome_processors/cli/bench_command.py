@@ -47,12 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", default=None, help="a local diffusers folder (pipeline or unet) or a hub id")
     what.add_argument(
         "--arch",
-        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux"],
+        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", "wan"],
         default=None,
         help="a real UNet or diffusion-transformer architecture with random weights (default sd15 when no --model)",
     )
     what.add_argument("--quick", action="store_true", help="a tiny architecture that finishes in seconds")
     what.add_argument("--resolution", type=int, default=None, help="image side in pixels (default: the model's)")
+    video = parser.add_argument_group("video models (--arch wan)")
+    video.add_argument(
+        "--frames", type=int, default=None, help="pixel frames of the clip (default 33: 9 latent frames)"
+    )
+    video.add_argument("--width", type=int, default=None, help="clip width in pixels; --resolution is its height")
+    video.add_argument(
+        "--layers", type=int, default=None, help="transformer blocks to build (default all: 30); ratios are per block"
+    )
     what.add_argument(
         "--batch", type=int, default=None, help="UNet batch size (default 2 = one image with CFG); not with --pipeline"
     )
@@ -190,6 +198,7 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
     for name in ("batch", "warmup", "steps", "rounds"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             fail(f"Expected --{name} >= 1, but got {getattr(args, name)}.")
+    _check_video(args, fail)
     _check_pipeline(args, fail)
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         fail("Expected matplotlib for --plot, but it is not installed: pip install 'tome-processors[plot]'.")
@@ -202,6 +211,21 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
             fail("Expected a CUDA device for --device cuda, but torch sees none.")
         if device.type == "mps" and not torch.backends.mps.is_available():
             fail("Expected an MPS device for --device mps, but torch sees none.")
+
+
+def _check_video(args: argparse.Namespace, fail: Any) -> None:
+    """The video options: for a video architecture only, and in range."""
+    given = [f"--{name}" for name in ("frames", "width", "layers") if getattr(args, name) is not None]
+    if given and args.arch != "wan":
+        fail(f"Expected {' '.join(given)} only with a video architecture (--arch wan), but got --arch {args.arch}.")
+    if args.frames is not None and (args.frames < 1 or (args.frames - 1) % 4):
+        fail(f"Expected --frames of the form 4k + 1 (Wan's VAE: 1, 5, ..., 33, 81), but got {args.frames}.")
+    if args.width is not None and (args.width < 16 or args.width % 16):
+        fail(f"Expected --width to be a multiple of 16, but got {args.width}.")
+    if args.layers is not None and args.layers < 1:
+        fail(f"Expected --layers >= 1, but got {args.layers}.")
+    if args.arch == "wan" and args.pipeline:
+        fail("Expected --arch wan without --pipeline: whole-video generations are not in the bench yet.")
 
 
 def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
@@ -256,6 +280,9 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         prompt=args.prompt,
         steps=args.steps,
         guidance_scale=args.guidance_scale,
+        frames=args.frames,
+        width=args.width,
+        layers=args.layers,
         command="tome-processors " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
     )
 

@@ -12,7 +12,8 @@ the processor stay generic. A family answers four questions about a model:
    from measured speed and quality (docs/options.md); `ToMeConfig.for_model` builds configs from them.
 
 Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
-`PixArtTransformer2DModel`, `SD3Transformer2DModel` and `FluxTransformer2DModel`.
+`PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel` and the video transformer
+`WanTransformer3DModel`.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -30,6 +31,7 @@ from .base import AttentionSite, BlockSite, Family, Layout, is_mergeable_attenti
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, grid_from_ids
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
+from .wan import WanFamily
 
 __all__ = [
     "FAMILIES",
@@ -41,6 +43,7 @@ __all__ = [
     "PixArtFamily",
     "SD3Family",
     "UNetFamily",
+    "WanFamily",
     "attention_levels",
     "family_of",
     "find_family",
@@ -53,11 +56,13 @@ __all__ = [
 
 #: Every supported family by name, in the order `find_family` tries them (the UNet family, which
 #: matches any model with spatial transformer blocks, last). Adding a `Family` subclass here supports it.
-FAMILIES: dict[str, type[Family]] = {cls.name: cls for cls in (PixArtFamily, SD3Family, FluxFamily, UNetFamily)}
+FAMILIES: dict[str, type[Family]] = {
+    cls.name: cls for cls in (PixArtFamily, SD3Family, FluxFamily, WanFamily, UNetFamily)
+}
 
 #: Diffusion transformers that ToMe does not know, named in the error so users see why.
 _SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Transformer2DModel), " + ", ".join(
-    ("PixArtTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel")
+    ("PixArtTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel", "WanTransformer3DModel")
 )
 
 

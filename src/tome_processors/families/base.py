@@ -23,6 +23,9 @@ class Layout(enum.Enum):
     #: `hidden_states` are text tokens followed by image tokens, and so is the output (Flux
     #: single-stream blocks).
     TEXT_FIRST = "text_first"
+    #: `hidden_states` are the image tokens, and `rotary_emb` holds `(cos, sin)` tables of shape
+    #: `(1, N, 1, D)`, one row per token (Wan's 3-D rotary embeddings); the output is one tensor.
+    ROTARY = "rotary"
 
 
 @dataclass(frozen=True)
@@ -69,10 +72,13 @@ class Family:
         presets: `ToMeConfig` fields per preset name, applied over `defaults`.
         needs_row_token: True where positional encodings must follow merged rows (Flux's rotary
             embeddings), so every merge records `TokenMerge.row_token`.
+        video: True where the token grid has frames (`token_grid` gives `(frames, h, w)`), so windows
+            may span frames (`ToMeConfig.st`).
     """
 
     name = "family"
     needs_row_token = False
+    video = False
     input_name = "hidden_states"
     input_position = 0
     timestep_position = 2
@@ -101,8 +107,9 @@ class Family:
         """
         return {**self.defaults, **self.presets[name]}
 
-    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
-        """`(h, w)` image tokens of this forward, or None when the call gives no grid."""
+    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, ...] | None:
+        """`(h, w)` image tokens of this forward (`(frames, h, w)` on a video family), or None when the call gives
+        no grid."""
         patch = int(getattr(model.config, "patch_size", 1) or 1)
         x = argument(args, kwargs, self.input_position, self.input_name)
         if not isinstance(x, torch.Tensor) or x.ndim != 4:
@@ -122,6 +129,11 @@ class Family:
         `config` is not typed as `ToMeConfig`: config.py builds configs from the families' tables, so
         this module does not import it.
         """
+        if not self.video and getattr(config, "st", 1) != 1:
+            raise ValueError(
+                f"Expected st=1 on {type(model).__name__} (an image model: its tokens have no frames), but got "
+                f"st={config.st}."
+            )
         if self.merge_only and config.mode != "merge":
             raise ValueError(
                 f'Expected mode="merge" on {type(model).__name__} (its joint attention computes keys and values '

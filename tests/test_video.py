@@ -1,0 +1,288 @@
+"""ToMe on video diffusion transformers: tiny random-weight Wan 2.1 / 2.2 models (no downloads)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from diffusers import WanTransformer3DModel
+from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+import tome_processors as tp
+from tome_processors import ToMeConfig, ToMeProcessor
+from tome_processors.context import BlockState
+from tome_processors.families import WanFamily, family_of
+from tome_processors.merge import GridLayout, bipartite_soft_matching_2d, fold_frames, match
+
+from leftovers import hooks_left, tome_attributes_left
+
+TEXT_DIM, TEXT_LEN = 16, 7
+
+
+def tiny_wan(num_layers: int = 2, image_dim: int | None = None) -> WanTransformer3DModel:
+    """Wan-shaped (patch (1, 2, 2), 3-D rotary embeddings, qk RMS norm); `image_dim` makes it image-to-video."""
+    torch.manual_seed(0)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=4,
+        out_channels=4,
+        text_dim=TEXT_DIM,
+        freq_dim=32,
+        ffn_dim=32,
+        num_layers=num_layers,
+        rope_max_seq_len=32,
+        image_dim=image_dim,
+        added_kv_proj_dim=None if image_dim is None else 24,
+    ).eval()
+
+
+def wan_inputs(batch: int = 2, frames: int = 5, h: int = 8, w: int = 12, seed: int = 0) -> dict:
+    """A latent clip of `frames` x `h` x `w` (a token grid of frames x h/2 x w/2)."""
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "hidden_states": torch.randn(batch, 4, frames, h, w, generator=generator),
+        "timestep": torch.full((batch,), 500),
+        "encoder_hidden_states": torch.randn(batch, TEXT_LEN, TEXT_DIM, generator=generator),
+    }
+
+
+def run(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**inputs).sample
+
+
+class RecordingWan(WanAttnProcessor):
+    """Wan's processor, recording what each call gets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[torch.Tensor, torch.Tensor | None, object]] = []
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        self.calls.append((hidden_states, encoder_hidden_states, rotary_emb))
+        return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
+
+
+OPTIONS = [
+    pytest.param({}, id="per-frame"),
+    pytest.param({"use_rand": False}, id="per-frame-fixed"),
+    pytest.param({"st": 2}, id="st2"),
+    pytest.param({"st": 2, "sx": 1, "sy": 1}, id="temporal-only"),
+    pytest.param({"st": 2, "share_level": True, "merge_mlp": True}, id="st2-shared-mlp"),
+    pytest.param({"merge_crossattn": True, "recompute_every": 2}, id="crossattn"),
+]
+
+
+def test_wan_is_a_video_family_found_by_its_class():
+    model = tiny_wan()
+    family = family_of(model)
+    assert isinstance(family, WanFamily) and family.video and family.needs_row_token
+    assert [site.module for site in family.blocks(model)] == list(model.blocks)
+    assert family.token_grid(model, (), wan_inputs(frames=5, h=8, w=12)) == (5, 4, 6)
+    assert family.token_grid(model, (torch.zeros(1, 4, 8, 8),), {}) is None  # not a clip
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_changes_output_no_nan_and_removal_is_bit_exact(options):
+    model, inputs = tiny_wan(), wan_inputs()
+    processors = dict(model.attn_processors)
+    baseline = run(model, inputs)
+
+    tp.apply_tome(model, **options)
+    assert all(isinstance(p, ToMeProcessor) for p in model.attn_processors.values())
+    merged = run(model, inputs)
+    assert torch.isfinite(merged).all()
+    assert not torch.allclose(merged, baseline, atol=1e-4)
+    assert torch.equal(run(model, inputs), merged)  # reproducible
+
+    tp.remove_tome(model)
+    assert torch.equal(run(model, inputs), baseline)
+    assert hooks_left(model) == 0 and tome_attributes_left(model) == []
+    assert all(model.attn_processors[k] is p for k, p in processors.items())
+
+
+def test_ratio_zero_equals_the_plain_model():
+    model, inputs = tiny_wan(), wan_inputs()
+    baseline = run(model, inputs)
+    with pytest.warns(UserWarning, match="merges nothing"):
+        tp.apply_tome(model, ratio=0.0)
+    assert torch.equal(run(model, inputs), baseline)
+
+
+@pytest.mark.parametrize(
+    ("options", "kept"),
+    [
+        # 5 frames of 4 x 6 tokens: 120, 60 merged away (12 per frame).
+        ({}, 60),
+        ({"st": 2}, 60),
+        ({"st": 2, "sx": 1, "sy": 1, "ratio": 0.3}, 120 - 36),
+    ],
+)
+def test_self_attention_sees_the_merged_tokens_with_their_kept_tokens_rotations(options, kept):
+    model, inputs = tiny_wan(1), wan_inputs(frames=5, h=8, w=12)
+    recorder = RecordingWan()
+    model.set_attn_processor(recorder)
+    cos_full, sin_full = model.rope(inputs["hidden_states"])  # (1, 120, 1, D) each
+    tp.apply_tome(model, **options)
+    run(model, inputs)
+    (self_states, self_text, (cos, sin)), (cross_states, cross_text, cross_rotary) = recorder.calls
+    assert self_text is None and self_states.shape[:2] == (2, kept)
+    assert cos.shape == (2, kept, 1, cos_full.shape[-1])
+    # Cross-attention: every text token, queries merged only with merge_crossattn; no rotation.
+    assert cross_text.shape[1] == TEXT_LEN and cross_states.shape[1] == 120 and cross_rotary is None
+    # Every row rotated exactly as one real token of the clip, each token's rotation used at most once.
+    full = torch.cat([cos_full, sin_full], -1)[0, :, 0]
+    for rows in torch.cat([cos, sin], -1)[:, :, 0]:
+        same = (rows[:, None] == full[None]).all(-1)
+        assert (same.sum(1) >= 1).all()
+
+
+def test_per_frame_merging_keeps_every_row_inside_one_frame():
+    # exact: tomesd frame by frame, as many tokens merged in every frame.
+    model, inputs = tiny_wan(1), wan_inputs(frames=3, h=8, w=12)
+    merges = []
+    original = BlockState.merge_for
+
+    def recording(self, config, *args, **kwargs):
+        merge = original(self, config, *args, **kwargs)
+        merges.append(merge)
+        return merge
+
+    tp.apply_tome(model, ratio=0.5)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BlockState, "merge_for", recording)
+        run(model, inputs)
+    merge = merges[0]
+    frame_rows = merge.num_rows // 3
+    assert merge.num_rows == 36 and merge.num_tokens == 72
+    token_frame = torch.arange(72) // 24
+    for b in range(2):
+        rows = merge.token_rows[b] - b * merge.num_rows
+        assert torch.equal(rows // frame_rows, token_frame)
+        assert torch.equal(merge.row_token[b] // 24, torch.arange(36) // frame_rows)  # kept in its own frame
+
+
+def test_fold_frames_matches_merging_each_frame_on_its_own():
+    metric = torch.randn(2 * 3, 4 * 6, 8, generator=torch.Generator().manual_seed(3))
+    per_frame = bipartite_soft_matching_2d(metric, 4, 6, 2, 2, 10, with_row_token=True)
+    clip = fold_frames(per_frame, batch=2, frames=3)
+    x = torch.randn(2, 3 * 24, 5)
+    merged = clip.merge(x)
+    assert merged.shape == (2, 3 * 14, 5)
+    for b in range(2):
+        for f in range(3):
+            frame = per_frame.merge(x[b : b + 1, f * 24 : (f + 1) * 24].expand(6, -1, -1))[b * 3 + f]
+            torch.testing.assert_close(merged[b, f * 14 : (f + 1) * 14], frame)
+    torch.testing.assert_close(clip.unmerge(merged), per_frame.unmerge(merged.view(6, 14, 5)).view(2, 72, 5))
+    with pytest.raises(ValueError, match="Expected a merge of 4 frames"):
+        fold_frames(per_frame, batch=2, frames=2)
+
+
+@pytest.mark.parametrize(("frames", "st", "sy", "sx"), [(3, 2, 2, 2), (4, 2, 1, 1), (5, 3, 2, 1), (2, 1, 2, 2)])
+def test_windows_span_st_frames_and_leftovers_are_sources(frames, st, sy, sx):
+    h, w = 5, 4
+    layout = GridLayout.build(h, w, sx, sy, frames=frames, st=st)
+    partition = layout.fixed()
+    windows = (frames // st) * (h // sy) * (w // sx)
+    assert partition.num_dst == windows and partition.num_src == frames * h * w - windows
+    assert sorted(partition.perm.tolist()) == list(range(frames * h * w))
+    # A window's tokens: st consecutive frames, sy rows, sx columns; its destination is one of them.
+    window = layout.window_of_token.view(frames, h, w)
+    f, y, x = torch.meshgrid(torch.arange(frames), torch.arange(h), torch.arange(w), indexing="ij")
+    inside = (f < frames // st * st) & (y < h // sy * sy) & (x < w // sx * sx)
+    expected = ((f // st) * (h // sy) + y // sy) * (w // sx) + x // sx
+    assert torch.equal(window[inside], expected[inside])
+    assert set(layout.edges.tolist()) == set(torch.arange(frames * h * w)[~inside.reshape(-1)].tolist())
+    choice = torch.randint(0, st * sy * sx, (1, windows), generator=torch.Generator().manual_seed(0))
+    destinations = layout.partitions(choice).unbind()[0].dst_idx
+    assert torch.equal(layout.window_of_token[destinations], torch.arange(windows))
+
+
+def test_temporal_merging_collapses_a_static_clip_across_time():
+    # Every frame the same: with windows across two frames (and none inside a frame), every token merges
+    # into its own place in another frame, and merging then unmerging gives the clip back.
+    frame = torch.randn(1, 1, 4 * 6, 8, generator=torch.Generator().manual_seed(1))
+    metric = frame.expand(1, 4, 24, 8).reshape(1, 96, 8)
+    layout = GridLayout.build(4, 6, 1, 1, frames=4, st=2)
+    merge = match(metric, layout.fixed(), 48, with_row_token=True)
+    kept_at = merge.row_token[0][merge.token_rows[0]]  # the token each token's row is kept at
+    assert torch.equal(kept_at % 24, torch.arange(96) % 24)  # the same place, another frame
+    assert torch.equal(merge.row_token[0] // 24, torch.tensor([0] * 24 + [2] * 24))  # kept at the first of a pair
+    merged = merge.merge(metric)
+    assert merged.shape == (1, 48, 8)
+    torch.testing.assert_close(merge.unmerge(merged), metric)
+
+
+def test_st_is_validated_and_refused_on_image_models():
+    with pytest.raises(ValueError, match="Expected st to be an integer >= 1"):
+        ToMeConfig(st=0)
+    assert ToMeConfig(st=2).max_ratio == 0.875
+    with pytest.raises(ValueError, match=r"cap 1 - 1/\(st\*sx\*sy\) for st=2, sx=1, sy=1"):
+        ToMeConfig(st=2, sx=1, sy=1, ratio=0.6)
+    from test_dit import tiny_pixart
+
+    pixart = tiny_pixart()
+    processors = dict(pixart.attn_processors)
+    with pytest.raises(ValueError, match="Expected st=1 on PixArtTransformer2DModel"):
+        tp.apply_tome(pixart, st=2)
+    assert hooks_left(pixart) == 0 and dict(pixart.attn_processors) == processors
+
+
+def test_k_v_pooling_is_refused_on_wan():
+    with pytest.raises(ValueError, match='Expected mode="merge" on WanTransformer3DModel'):
+        tp.apply_tome(tiny_wan(), mode="downsample_kv")
+
+
+def test_samples_of_a_batch_are_merged_independently():
+    model = tiny_wan()
+    pair = wan_inputs(batch=2)
+    tp.apply_tome(model, st=2, use_rand=False)
+    both = run(model, pair)
+    for b in range(2):
+        alone = {k: v[b : b + 1] for k, v in pair.items()}
+        torch.testing.assert_close(run(model, alone)[0], both[b], rtol=1e-4, atol=1e-5)
+
+
+def test_image_to_video_cross_attention_sees_every_text_and_image_token():
+    model = tiny_wan(1, image_dim=20)
+    inputs = {**wan_inputs(), "encoder_hidden_states_image": torch.randn(2, 3, 20)}
+    # Wan's I2V processor takes the last 512 context tokens as text: a 512-token prompt, as the pipeline pads.
+    inputs["encoder_hidden_states"] = torch.randn(2, 512, TEXT_DIM)
+    recorder = RecordingWan()
+    model.set_attn_processor(recorder)
+    baseline = run(model, inputs)
+    tp.apply_tome(model)
+    merged = run(model, inputs)
+    assert torch.isfinite(merged).all() and not torch.allclose(merged, baseline, atol=1e-4)
+    cross = recorder.calls[-1]
+    assert cross[1].shape[1] == 3 + 512 and cross[0].shape[1] == 5 * 4 * 6
+    tp.remove_tome(model)
+    assert torch.equal(run(model, inputs), baseline)
+
+
+def test_set_attn_processor_matches_apply_tome():
+    model, inputs = tiny_wan(), wan_inputs()
+    config = ToMeConfig(ratio=0.5, st=2)
+    tp.apply_tome(model, config=config)
+    expected = run(model, inputs)
+    tp.remove_tome(model)
+    model.set_attn_processor(ToMeProcessor(WanAttnProcessor(), config))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(run(model, inputs), expected)
+    tp.remove_tome(model)
+    assert hooks_left(model) == 0 and tome_attributes_left(model) == []
+
+
+def test_presets_and_defaults():
+    model, inputs = tiny_wan(), wan_inputs()
+    assert ToMeConfig.for_model(model) == ToMeConfig(**WanFamily.defaults)
+    baseline = run(model, inputs)
+    for preset in ("exact", "balanced", "fast"):
+        tp.apply_tome(model, preset=preset)
+        out = run(model, inputs)
+        assert torch.isfinite(out).all() and not torch.allclose(out, baseline, atol=1e-4)
+    assert ToMeConfig.from_preset("exact", "wan").st == 1
