@@ -32,6 +32,7 @@ from tome_processors.hooks import context_of
 from models import CROSS_DIM, unet_inputs
 from pipelines import tiny_sd_pipeline
 from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
+from test_video import tiny_wan, wan_inputs
 
 SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "lift_fresh"}
 
@@ -74,6 +75,7 @@ FAMILIES = {
     "pixart": (tiny_pixart, lambda model: pixart_inputs()),
     "sd3": (tiny_sd3, lambda model: sd3_inputs()),
     "flux": (tiny_flux, lambda model: flux_inputs()),
+    "wan": (tiny_wan, lambda model: wan_inputs()),
 }
 
 OPTIONS = [
@@ -371,6 +373,8 @@ REAL_BLOCK_COUNTS = {
     "sd3": (lambda: tiny_sd3(24), lambda model: sd3_inputs()),
     # Flux as its pipeline runs it: batch 1 (guidance-distilled, no CFG batch).
     "flux": (lambda: tiny_flux(19, 38), lambda model: flux_inputs(batch=1)),
+    # Wan2.1-1.3B's 30 blocks, batch 1 as its pipelines run it (the guidance is a second call).
+    "wan": (lambda: tiny_wan(30), lambda model: wan_inputs(batch=1)),
 }
 BUDGETS = [
     # (family, options, most aten ops per merged block)
@@ -386,6 +390,11 @@ BUDGETS = [
     # attention one sample at a time: each sample's rotary positions follow its own merge.)
     pytest.param("flux", {}, 28, id="flux"),
     pytest.param("flux", {"share_level": True}, 8, id="flux-share_level"),
+    # Wan gathers each merge's rotary tables (cos and sin in one gather) and merges frame by frame: the
+    # frames are the matching's batch, folded back into the clip's rows (two ops).
+    pytest.param("wan", {}, 30, id="wan"),
+    pytest.param("wan", {"st": 2}, 25, id="wan-st2"),
+    pytest.param("wan", {"st": 2, "share_level": True}, 7, id="wan-st2-share_level"),
 ]
 
 

@@ -85,6 +85,8 @@ class ModelState:
     _plans: tuple = ()
     _stacks: tuple = ()
     _shared: tuple = ()
+    # The forward's rotary tables (Wan's `(cos, sin)`) and both as one `(N, 1, 2D)` table, for one gather per merge.
+    rotary: tuple = ()
     # Per grid and device, built once (bounded): `GridLayout`s, the per-block hash values of the random
     # choice, and the fixed partitions.
     _layouts: dict[tuple, GridLayout] = field(default_factory=dict)
@@ -106,6 +108,7 @@ class ModelState:
         self._plans = ()
         self._stacks = ()
         self._shared = ()
+        self.rotary = ()
         self.kept.clear()
 
     def begin(
@@ -126,6 +129,7 @@ class ModelState:
         self._plans = ()
         self._stacks = ()
         self._shared = ()
+        self.rotary = ()
         if self.config.recompute_every > 1:  # host counting: reuse across steps is for eager runs
             self._count_step(timestep)
         if self.config.ratio_start is not None:

@@ -487,7 +487,7 @@ def match(
     text, text_rows = partition.text, partition.text_rows
     M = text_rows + N - r
     with torch.no_grad():
-        x = metric[:, partition.perm]
+        x = metric.index_select(1, partition.perm)  # one op where `metric[:, perm]` took two (slice, index)
         x = x / x.norm(dim=-1, keepdim=True)  # as tomesd: a zero token only changes which pair is chosen
         src, dst = x.split((S, D), dim=1)
         best_score, best_dst = best_match(src, dst, similarity_dtype)

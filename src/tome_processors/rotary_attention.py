@@ -30,36 +30,52 @@ def run_with_rotary(
     if merge is None or (rotary is not None and (merge.row_token is None or not _fits(rotary, merge.num_tokens))):
         return inner(attn, hidden_states, *args, **kwargs)
     if rotary is not None:
-        args, kwargs = replace_argument(args, kwargs, *_ROTARY, merged_rotary(rotary, merge))
+        args, kwargs = replace_argument(args, kwargs, *_ROTARY, merged_rotary(rotary, merge, slot.block.model))
     return merge.unmerge(inner(attn, merge.merge(hidden_states), *args, **kwargs))
 
 
 def _fits(rotary: Any, num_tokens: int) -> bool:
     """`(cos, sin)` tables of shape `(1, num_tokens, 1, D)` (else the tokens are not merged)."""
-    return isinstance(rotary, (tuple, list)) and all(
-        isinstance(t, torch.Tensor) and t.ndim == 4 and t.shape[0] == 1 and t.shape[1] == num_tokens and t.shape[2] == 1
-        for t in rotary
+    return (
+        isinstance(rotary, (tuple, list))
+        and len(rotary) == 2
+        and all(
+            isinstance(t, torch.Tensor)
+            and t.ndim == 4
+            and t.shape[0] == 1
+            and t.shape[1] == num_tokens
+            and t.shape[2] == 1
+            for t in rotary
+        )
+        and rotary[0].shape == rotary[1].shape
     )
 
 
-def merged_rotary(rotary: tuple | list, merge: TokenMerge) -> Any:
-    """The `(1, N, 1, D)` tables of `rotary` at every sample's `merge.row_token`: `(B, M, 1, D)` each.
+def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None) -> Any:
+    """The `(1, N, 1, D)` tables `(cos, sin)` at every sample's `merge.row_token`: `(B, M, 1, D)` each.
 
-    Kept on the merge: a merge shared by several blocks (`share_level`) gathers its tables once per forward.
+    Both are gathered at once from one `(N, 1, 2D)` table, made once per forward and kept on `state` (the
+    model's `ModelState`, whose forward passes the same tables to every block), and the result is kept on
+    the merge: a merge shared by several blocks (`share_level`) gathers once per forward.
 
     Example:
         >>> from tome_processors.merge import bipartite_soft_matching_2d
         >>> merge = bipartite_soft_matching_2d(torch.eye(4)[None], 1, 4, 2, 1, 1, with_row_token=True)
         >>> cos = torch.arange(4.0).view(1, 4, 1, 1)
-        >>> merged_rotary((cos, cos), merge)[0].flatten().tolist()  # row 0 kept at token 0, row 1 at ...
-        [0.0, 2.0, 3.0]
+        >>> merged_rotary((cos, -cos), merge)[1].flatten().tolist()  # rows kept at tokens 0, 2 and 3
+        [-0.0, -2.0, -3.0]
     """
     kept = merge.rotary
     if kept and kept[0] is rotary:
         return kept[1]
-    tables = type(rotary)(
-        torch.nn.functional.embedding(merge.row_token, table.reshape(table.shape[1], table.shape[3])).unsqueeze(2)
-        for table in rotary
-    )
+    if state is not None and state.rotary and state.rotary[0] is rotary:
+        table = state.rotary[1]
+    else:
+        cos, sin = rotary
+        table = torch.cat([cos, sin], dim=-1)[0]  # (N, 1, 2D)
+        if state is not None:
+            state.rotary = (rotary, table)
+    gathered = table[merge.row_token]  # (B, M, 1, 2D) in one gather
+    tables = type(rotary)(gathered.chunk(2, dim=-1))
     kept[:] = [rotary, tables]
     return tables
