@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
-from diffusers import WanTransformer3DModel
+from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
 from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+from transformers import UMT5Config, UMT5EncoderModel
 
 import tome_processors as tp
 from tome_processors import ToMeConfig, ToMeProcessor
+from tome_processors.bench.pipelines import write_t5_tokenizer
 from tome_processors.context import BlockState
 from tome_processors.families import WanFamily, family_of
 from tome_processors.merge import GridLayout, bipartite_soft_matching_2d, fold_frames, match
@@ -286,3 +289,109 @@ def test_presets_and_defaults():
         out = run(model, inputs)
         assert torch.isfinite(out).all() and not torch.allclose(out, baseline, atol=1e-4)
     assert ToMeConfig.from_preset("exact", "wan").st == 1
+
+
+# Pipelines: tiny offline WanPipeline (Wan 2.1: one transformer; Wan 2.2: `transformer` for the noisy steps,
+# `transformer_2` for the rest), random weights, a character tokenizer written locally.
+
+
+def tiny_wan_pipeline(tmp_path, two_experts: bool = False) -> WanPipeline:
+    tokenizer = write_t5_tokenizer(tmp_path / "tokenizer-files")
+    torch.manual_seed(0)
+    text_encoder = UMT5EncoderModel(
+        UMT5Config(
+            vocab_size=len(tokenizer), d_model=TEXT_DIM, d_kv=8, d_ff=24, num_layers=2, num_heads=2, pad_token_id=0
+        )
+    ).eval()
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(
+        base_dim=3,
+        z_dim=4,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    ).eval()
+    second = tiny_wan() if two_experts else None
+    if second is not None:
+        with torch.no_grad():  # another expert: other weights
+            for parameter in second.parameters():
+                parameter.mul_(1.1)
+    pipe = WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text_encoder,
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+        transformer=tiny_wan(),
+        transformer_2=second,
+        boundary_ratio=0.5 if two_experts else None,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def generate(pipe: WanPipeline) -> np.ndarray:
+    with torch.no_grad():
+        return pipe(
+            prompt="a cat walks",
+            negative_prompt="blurry",
+            height=32,
+            width=32,
+            num_frames=9,  # 3 latent frames of 2 x 2 tokens
+            num_inference_steps=4,
+            guidance_scale=5.0,
+            max_sequence_length=16,
+            generator=torch.Generator().manual_seed(0),
+            output_type="np",
+        ).frames
+
+
+@pytest.mark.parametrize(
+    ("two_experts", "how"),
+    [
+        pytest.param(False, "apply_tome", id="wan2.1-apply_tome"),
+        pytest.param(False, "enable_tome", id="wan2.1-enable_tome", marks=pytest.mark.slow),
+        pytest.param(True, "apply_tome", id="wan2.2-apply_tome"),
+        pytest.param(True, "enable_tome", id="wan2.2-enable_tome"),
+    ],
+)
+def test_wan_pipelines_generate_the_same_video_twice_and_cover_both_experts(tmp_path, request, two_experts, how):
+    pipe = tiny_wan_pipeline(tmp_path, two_experts)
+    models = [pipe.transformer] + ([pipe.transformer_2] if two_experts else [])
+    calls = {id(model): 0 for model in models}
+    merged = {id(model): 0 for model in models}
+    for model in models:
+        model.register_forward_pre_hook(lambda module, args: calls.__setitem__(id(module), calls[id(module)] + 1))
+    baseline = generate(pipe)
+    original = BlockState.merge_for
+
+    def recording(self, config, *args, **kwargs):
+        merge = original(self, config, *args, **kwargs)
+        if merge is not None:
+            for model in models:
+                if any(block is self for block in tp.hooks.context_of(model).blocks):
+                    merged[id(model)] += 1
+        return merge
+
+    if how == "apply_tome":
+        tp.apply_tome(pipe, ratio=0.5, sx=1, sy=1, st=2)
+    else:
+        tp.patch_pipelines()  # the opt-in that gives every pipeline `enable_tome()`
+        request.addfinalizer(tp.unpatch_pipelines)
+        pipe.enable_tome(ratio=0.5, sx=1, sy=1, st=2)
+    assert all(tp.is_tome_applied(model) for model in models)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BlockState, "merge_for", recording)
+        first = generate(pipe)
+    second = generate(pipe)
+    assert first.shape == baseline.shape == (1, 9, 32, 32, 3) and np.isfinite(first).all()
+    np.testing.assert_array_equal(first, second)  # same seed, same video
+    assert not np.array_equal(first, baseline)
+    assert all(calls[id(model)] > 0 and merged[id(model)] > 0 for model in models)  # each expert ran merged
+    if how == "apply_tome":
+        tp.remove_tome(pipe)
+    else:
+        pipe.disable_tome()
+    assert not any(tp.is_tome_applied(model) for model in models)
+    np.testing.assert_array_equal(generate(pipe), baseline)
