@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -13,7 +14,10 @@ from transformers import UMT5Config, UMT5EncoderModel
 
 import tome_processors as tp
 from tome_processors import ToMeConfig, ToMeProcessor
+from tome_processors.bench.dit import build_transformer, make_transformer_inputs
+from tome_processors.bench.methods import pick_methods
 from tome_processors.bench.pipelines import write_t5_tokenizer
+from tome_processors.cli.main import main
 from tome_processors.context import BlockState
 from tome_processors.families import WanFamily, family_of
 from tome_processors.merge import GridLayout, bipartite_soft_matching_2d, fold_frames, match
@@ -395,3 +399,49 @@ def test_wan_pipelines_generate_the_same_video_twice_and_cover_both_experts(tmp_
         pipe.disable_tome()
     assert not any(tp.is_tome_applied(model) for model in models)
     np.testing.assert_array_equal(generate(pipe), baseline)
+
+
+def test_bench_rows_for_wan_show_attention_share(tmp_path, capsys):
+    path = tmp_path / "wan.json"
+    argv = ["bench", "--quick", "--arch", "wan", "--rounds", "1", "--no-progress", "--no-memory", "--no-host-cost"]
+    assert main([*argv, "--ratios", "0.5", "--modes", "temporal", "--presets", "balanced", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    rows = {row["name"]: row for row in data["rows"]}
+    assert sorted(rows) == ["baseline", "ours balanced r=0.5", "ours r=0.5", "ours st=2 r=0.5"]
+    for name, row in rows.items():
+        assert 0 < row["extra"]["attention %"] < 100
+        if name != "baseline":
+            assert 0 < row["rel_error"] < 1 and row["overhead_share"] > 0  # block inputs recorded on the clip
+    assert "attention %" in capsys.readouterr().out
+
+
+def test_bench_builds_wan_at_the_real_width_and_clip(capsys):
+    model = build_transformer("wan", layers=1)
+    assert len(model.blocks) == 1 and model.config.ffn_dim == 8960 and model.blocks[0].attn1.heads == 12
+    inputs = make_transformer_inputs(model, "wan", 1, 480, frames=33, width=832)
+    assert inputs.kwargs["hidden_states"].shape == (1, 16, 9, 60, 104)  # 9 x 30 x 52 = 14,040 tokens
+    assert inputs.kwargs["encoder_hidden_states"].shape == (1, 512, 4096)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--arch", "pixart", "--frames", "33"], "only with a video architecture"),
+        (["--arch", "wan", "--frames", "32"], "4k + 1"),
+        (["--arch", "wan", "--layers", "0"], "--layers >= 1"),
+        (["--arch", "wan", "--width", "100"], "multiple of 16"),
+    ],
+)
+def test_bench_video_options_are_checked(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", *argv])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_video_modes_are_left_out_on_image_models():
+    from test_dit import tiny_pixart
+
+    pixart = tiny_pixart()
+    methods, notes = pick_methods(pixart, family_of(pixart), [0.5], ["temporal", "bf16"], False, [])
+    assert [m.name for m in methods] == ["baseline", "ours r=0.5", "ours bf16-sim r=0.5"]
+    assert any("need a video model" in note for note in notes)
