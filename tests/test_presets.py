@@ -18,6 +18,7 @@ from tome_processors.pipeline import tome_config_of
 from models import tiny_unet
 from pipelines import tiny_sd_pipeline
 from test_dit import ARCHS
+from test_video import tiny_wan, wan_inputs
 
 FAMILY_NAMES = sorted(FAMILIES)
 
@@ -34,6 +35,8 @@ def unet_inputs(batch: int = 2, seed: int = 0) -> dict:
 def model_and_inputs(family: str) -> tuple[torch.nn.Module, dict]:
     if family == "unet":
         return tiny_unet("sd15").eval(), unet_inputs()
+    if family == "wan":
+        return tiny_wan(), wan_inputs()
     return ARCHS[family].build(), ARCHS[family].inputs()
 
 
