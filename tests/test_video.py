@@ -445,3 +445,13 @@ def test_video_modes_are_left_out_on_image_models():
     methods, notes = pick_methods(pixart, family_of(pixart), [0.5], ["temporal", "bf16"], False, [])
     assert [m.name for m in methods] == ["baseline", "ours r=0.5", "ours bf16-sim r=0.5"]
     assert any("need a video model" in note for note in notes)
+
+
+def test_video_probe_measures_change_and_flicker(capsys):
+    from tome_processors.bench.video_probe import main, probe
+
+    rows = probe(quick=True, sigmas=(0.5,), settings={"none": {"ratio": 0.0}, "exact": {}, "temporal": {"st": 2}})
+    by_name = {row["setting"]: row for row in rows}
+    assert by_name["none"]["change"] == 0 and by_name["none"]["flicker"] == 0
+    assert by_name["exact"]["change"] > 0 and by_name["temporal"]["flicker"] > 0
+    assert main(["--quick"]) == 0 and "| 0.3 | st=2 1x1 r=0.5 |" in capsys.readouterr().out
