@@ -32,6 +32,7 @@ from models import run_unet, tiny_unet, unet_inputs
 from pipelines import svd_inputs, tiny_svd_unet
 from test_dit import TEXT_DIM, flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
 from test_new_families import CASES
+from test_video import tiny_wan, wan_inputs
 
 #: One case of each new image family (tests/test_new_families.py).
 NEW_FAMILY_CASES = ("qwenimage", "flux2", "chroma", "zimage")
@@ -46,6 +47,7 @@ MODELS = {
     "sd3": (tiny_sd3, lambda model: sd3_inputs()),  # with SD3.5's dual attention in block 0
     "flux": (tiny_flux, lambda model: flux_inputs()),
     "svd": (tiny_svd_unet, lambda model: svd_inputs()),
+    "wan": (tiny_wan, lambda model: wan_inputs()),
     **{name: (CASES[name].build, lambda model, name=name: CASES[name].inputs()) for name in NEW_FAMILY_CASES},
 }
 

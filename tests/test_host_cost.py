@@ -42,6 +42,7 @@ from test_new_families import (
     tiny_zimage,
     zimage_inputs,
 )
+from test_video import tiny_wan, wan_inputs
 
 SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "is_nonzero", "equal", "lift_fresh"}
 
@@ -86,6 +87,7 @@ FAMILIES = {
     "flux": (tiny_flux, lambda model: flux_inputs()),
     # One video of 3 frames with guidance: the spatial blocks' batch is 2 x 3.
     "svd": (tiny_svd_unet, lambda model: svd_inputs(batch=2, frames=3)),
+    "wan": (tiny_wan, lambda model: wan_inputs()),
 }
 
 #: The joint families with rotary positions beyond FLUX.1 (tests/test_new_families.py), as their pipelines call
@@ -404,6 +406,8 @@ REAL_BLOCK_COUNTS = {
     "flux2": (lambda: tiny_flux2(8, 48), lambda model: flux2_inputs(batch=1)),
     "chroma": (lambda: tiny_chroma(19, 38), lambda model: chroma_inputs(batch=1, padded=3)),
     "zimage": (lambda: tiny_zimage(30), lambda model: zimage_inputs(batch=2, text=(7, 40))),
+    # Wan2.1-1.3B's 30 blocks, batch 1 as its pipelines run it (the guidance is a second call).
+    "wan": (lambda: tiny_wan(30), lambda model: wan_inputs(batch=1)),
 }
 BUDGETS = [
     # (family, options, most aten ops per merged block)
@@ -428,6 +432,11 @@ BUDGETS = [
     # are looked up in one index op.
     *(pytest.param(name, {}, 30, id=name) for name in NEW_FAMILIES),
     *(pytest.param(name, {"share_level": True}, 10, id=f"{name}-share_level") for name in NEW_FAMILIES),
+    # Wan gathers each merge's rotary tables (cos and sin in one gather) and merges frame by frame: the
+    # frames are the matching's batch, folded back into the clip's rows (two ops).
+    pytest.param("wan", {}, 30, id="wan"),
+    pytest.param("wan", {"st": 2}, 25, id="wan-st2"),
+    pytest.param("wan", {"st": 2, "share_level": True}, 7, id="wan-st2-share_level"),
 ]
 
 

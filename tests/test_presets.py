@@ -19,6 +19,7 @@ from models import tiny_unet
 from pipelines import svd_inputs, tiny_sd_pipeline, tiny_svd_unet
 from test_dit import ARCHS
 from test_new_families import CASES
+from test_video import tiny_wan, wan_inputs
 
 FAMILY_NAMES = sorted(FAMILIES)
 
@@ -39,6 +40,8 @@ def model_and_inputs(family: str) -> tuple[torch.nn.Module, dict]:
         return tiny_svd_unet(), svd_inputs()
     if family in CASES:  # Qwen-Image, FLUX.2, Chroma, Z-Image (tests/test_new_families.py)
         return CASES[family].build(), CASES[family].inputs()
+    if family == "wan":
+        return tiny_wan(), wan_inputs()
     return ARCHS[family].build(), ARCHS[family].inputs()
 
 

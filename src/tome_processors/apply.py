@@ -29,6 +29,8 @@ def denoiser_of(pipe: Any) -> torch.nn.Module | None:
 def target_models(model_or_pipeline: Any, controlnet: bool = False) -> list[torch.nn.Module]:
     """The models ToMe goes on: a model itself, or a pipeline's denoiser and, with `controlnet`, its ControlNets.
 
+    A pipeline's `transformer_2` goes too (the Wan 2.2 pipelines denoise the low-noise steps with it).
+
     Example:
         >>> target_models(torch.nn.Linear(1, 1))
         [Linear(in_features=1, out_features=1, bias=True)]
@@ -42,6 +44,9 @@ def target_models(model_or_pipeline: Any, controlnet: bool = False) -> list[torc
             f"but got {type(model_or_pipeline).__name__}."
         )
     models = [denoiser]
+    second = getattr(model_or_pipeline, "transformer_2", None)
+    if isinstance(second, torch.nn.Module) and second is not denoiser:
+        models.append(second)
     if controlnet:
         net = getattr(model_or_pipeline, "controlnet", None)
         if not isinstance(net, torch.nn.Module):

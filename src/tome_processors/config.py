@@ -52,6 +52,11 @@ class ToMeConfig:
             that has attention: 1 on SD1.x/SD2.x, 2 on SDXL.
         sx: Width of the window that holds one destination token.
         sy: Height of the window that holds one destination token.
+        st: Frames that the window spans, on video models (Wan). 1 merges each frame on its own
+            (tomesd frame by frame: windows and matching inside a frame). From 2 on, windows of
+            `st x sy x sx` tokens span neighbouring frames and a token may merge with a destination in
+            any frame of the clip, so a static background collapses across time (`sx=sy=1` merges
+            across time only). Image models accept only 1.
         use_rand: Choose each window's destination at random (reproducibly, from `seed`) instead of
             its top-left token. Turned off for odd batch sizes, as in tomesd.
         merge_attn: Merge the tokens entering self-attention (recommended).
@@ -99,6 +104,7 @@ class ToMeConfig:
     max_downsample: MaxDownsample = "auto"
     sx: int = 2
     sy: int = 2
+    st: int = 1
     use_rand: bool = True
     merge_attn: bool = True
     merge_crossattn: bool = False
@@ -117,13 +123,13 @@ class ToMeConfig:
     def __post_init__(self) -> None:
         _expect(_is_int(self.sx) and self.sx >= 1, "sx to be an integer >= 1", self.sx)
         _expect(_is_int(self.sy) and self.sy >= 1, "sy to be an integer >= 1", self.sy)
+        _expect(_is_int(self.st) and self.st >= 1, "st to be an integer >= 1", self.st)
         _expect(_is_number(self.ratio), "ratio to be a number", self.ratio)
         cap = self.max_ratio
-        _expect(
-            0.0 <= self.ratio <= cap,
-            f"ratio between 0 and {cap:g} (the cap 1 - 1/(sx*sy) for sx={self.sx}, sy={self.sy})",
-            self.ratio,
-        )
+        window = f"1 - 1/(sx*sy) for sx={self.sx}, sy={self.sy}"
+        if self.st != 1:
+            window = f"1 - 1/(st*sx*sy) for st={self.st}, sx={self.sx}, sy={self.sy}"
+        _expect(0.0 <= self.ratio <= cap, f"ratio between 0 and {cap:g} (the cap {window})", self.ratio)
         _expect(
             self.max_downsample == "auto"
             or (_is_int(self.max_downsample) and self.max_downsample in _ALLOWED_DOWNSAMPLE),
@@ -181,7 +187,7 @@ class ToMeConfig:
     @property
     def max_ratio(self) -> float:
         """The largest allowed ratio: every token but one per window merged."""
-        return 1.0 - 1.0 / (self.sx * self.sy)
+        return 1.0 - 1.0 / (self.st * self.sx * self.sy)
 
     def level_ratio(self, downsample: int, max_downsample: int) -> float:
         """The ratio at a level before any timestep schedule; 0 where that level is not merged."""

@@ -19,17 +19,28 @@ import torch
 from ._similarity import is_compiling
 from .config import ToMeConfig
 from .families import Layout, Rotary
-from .merge import GridLayout, Partition, TokenMerge, cached, level_downsample, match, window_choice, window_mix
+from .merge import (
+    GridLayout,
+    Partition,
+    TokenMerge,
+    cached,
+    fold_frames,
+    level_downsample,
+    match,
+    window_choice,
+    window_mix,
+)
 
 _MAX_KEPT_MERGES = 256  # bound on merges kept for reuse across blocks/steps
 
 
 class Grid(NamedTuple):
-    """A block's token grid: `h x w` tokens at `downsample` times below the latent."""
+    """A block's token grid: `h x w` tokens at `downsample` times below the latent, in each of `frames` frames."""
 
     h: int
     w: int
     downsample: int
+    frames: int = 1
 
 
 @dataclass
@@ -50,6 +61,7 @@ class ModelState:
         masks_text_only: whether the family's attention masks mask text tokens only (every image token
             is a valid key), so a mask can be cut down to the merged sequence (Chroma, Z-Image).
         latent_hw: `(H, W)` of the model's token grid in the current (or last) forward.
+        frames: frames of that grid (a video model's; 1 for an image).
         timestep: the current forward's timestep as given (a tensor stays on its device).
         timestep_value: the timestep as a number, only for `ratio_start`: from the generation's
             `HostSchedule` where it has this forward's timestep, else read on the host.
@@ -68,6 +80,7 @@ class ModelState:
     rotary: Rotary | None = None
     masks_text_only: bool = False
     latent_hw: tuple[int, int] | None = None
+    frames: int = 1
     timestep: object = None
     timestep_value: float | None = None
     step: int = 0
@@ -79,6 +92,8 @@ class ModelState:
     _plans: tuple = ()
     _stacks: tuple = ()
     _shared: tuple = ()
+    # The forward's rotary tables (Wan's `(cos, sin)`) and both as one `(N, 1, 2D)` table, for one gather per merge.
+    rotary_tables: tuple = ()
     # Per grid and device, built once (bounded): `GridLayout`s, the per-block hash values of the random
     # choice, and the fixed partitions.
     _layouts: dict[tuple, GridLayout] = field(default_factory=dict)
@@ -95,6 +110,7 @@ class ModelState:
     def reset(self) -> None:
         """Forget the current generation: the next forward is its first step."""
         self.latent_hw = None
+        self.frames = 1
         self.timestep = None
         self.timestep_value = None
         self.step = 0
@@ -103,6 +119,7 @@ class ModelState:
         self._plans = ()
         self._stacks = ()
         self._shared = ()
+        self.rotary_tables = ()
         self.kept.clear()
 
     def begin(
@@ -111,8 +128,10 @@ class ModelState:
         timestep: object,
         timestep_value: float | None = None,
         marker: torch.Tensor | None = None,
+        frames: int = 1,
     ) -> None:
-        """Record the token grid (a UNet's latent, a transformer's patch grid) and timestep of a forward.
+        """Record the token grid (a UNet's latent, a transformer's patch grid; `frames` of it in a video) and
+        timestep of a forward.
 
         Nothing is read back from the device: the random choice keys on the timestep tensor itself, and
         `ratio_start` takes `timestep_value` (the timestep as found in a `HostSchedule`), reading the
@@ -121,13 +140,15 @@ class ModelState:
         """
         if self.config.recompute_every > 1 and marker is not None:
             self._follow_generation(marker)
-        if self.latent_hw is not None and latent_hw != self.latent_hw:
+        if self.latent_hw is not None and (latent_hw, frames) != (self.latent_hw, self.frames):
             self.kept.clear()  # another image size: merges kept for reuse no longer fit
         self.latent_hw = latent_hw
+        self.frames = frames
         self.timestep = timestep
         self._plans = ()
         self._stacks = ()
         self._shared = ()
+        self.rotary_tables = ()
         if self.config.recompute_every > 1:  # host counting: reuse across steps is for eager runs
             self._count_step(timestep)
         if self.config.ratio_start is not None:
@@ -162,24 +183,39 @@ class ModelState:
         return self.auto_downsample if config.max_downsample == "auto" else int(config.max_downsample)
 
     def layout(self, grid: Grid, config: ToMeConfig, device: torch.device) -> GridLayout:
-        key = (grid.h, grid.w, config.sx, config.sy, device)
-        return cached(self._layouts, key, lambda: GridLayout.build(grid.h, grid.w, config.sx, config.sy, device))
+        """The layout of `grid` (its frames, with windows of `config.st` frames; or one frame of it)."""
+        st = config.st if grid.frames > 1 else 1
+        key = (grid.h, grid.w, config.sx, config.sy, device, grid.frames, st)
+        return cached(
+            self._layouts,
+            key,
+            lambda: GridLayout.build(grid.h, grid.w, config.sx, config.sy, device, grid.frames, st),
+        )
 
     def partitions(
-        self, config: ToMeConfig, grid: Grid, batch: int, device: torch.device, text: int = 0, text_rows: int = 0
+        self,
+        config: ToMeConfig,
+        grid: Grid,
+        batch: int,
+        device: torch.device,
+        text: int = 0,
+        text_rows: int = 0,
+        samples: int | None = None,
     ) -> list[Partition]:
         """This forward's partition of `grid` for every block (one list entry per block, or one for all).
 
         `text` / `text_rows`: see `GridLayout.with_text` (Flux's blocks: the text ahead of the image tokens).
+        `samples`: the model's batch where `batch` counts frames (a video merged frame by frame).
         """
-        key = (config, grid, batch, device, text, text_rows)
+        samples = batch if samples is None else samples
+        key = (config, grid, batch, device, text, text_rows, samples)
         for plan_key, plan in self._plans:
             if plan_key == key:
                 return plan
         layout = self.layout(grid, config, device)
         lead = self.needs_row_token
         # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd).
-        if config.use_rand and batch % 2 == 0:
+        if config.use_rand and samples % 2 == 0:
             stack = self._stack(config, layout, batch, device)
             if text or text_rows or lead:  # once per forward for every block, not in each block
                 stack = layout.with_text(stack, batch, text, text_rows, lead)
@@ -191,7 +227,7 @@ class ModelState:
 
     def _stack(self, config: ToMeConfig, layout: GridLayout, batch: int, device: torch.device) -> Partition:
         # Every block's partition of this forward, drawn at once; kept for the forward's other text layouts.
-        key = (config, layout.h, layout.w, batch, device)
+        key = (config, layout.h, layout.w, layout.frames, batch, device)
         for stack_key, stack in self._stacks:
             if stack_key == key:
                 return stack
@@ -201,7 +237,8 @@ class ModelState:
         return stack
 
     def _fixed(self, layout: GridLayout, batch: int, text: int, text_rows: int) -> Partition:
-        key = (layout.h, layout.w, layout.sx, layout.sy, layout.origins.device, batch, text, text_rows)
+        key = (layout.h, layout.w, layout.sx, layout.sy, layout.frames, layout.st, layout.origins.device, batch)
+        key = (*key, text, text_rows)
 
         def make() -> Partition:
             partition = layout.fixed(batch)
@@ -311,9 +348,13 @@ class BlockState:
         if self.model.latent_hw is None:
             return None
         height, width = self.model.latent_hw
-        downsample = level_downsample(height * width, num_tokens)
+        frames = self.model.frames
+        if num_tokens % frames:
+            return None
+        per_frame = num_tokens // frames
+        downsample = level_downsample(height * width, per_frame)
         h, w = math.ceil(height / downsample), math.ceil(width / downsample)
-        return Grid(h, w, downsample) if h * w == num_tokens else None
+        return Grid(h, w, downsample, frames) if h * w == per_frame else None
 
     def applies(self, config: ToMeConfig, grid: Grid) -> bool:
         """Whether `config` acts on this block's level at all (before any timestep schedule)."""
@@ -354,9 +395,13 @@ class BlockState:
         grid = self.grid(num_tokens)
         if grid is None or grid.h // config.sy == 0 or grid.w // config.sx == 0:
             return None
+        if grid.frames > 1 and grid.frames // config.st == 0:
+            return None
         model = self.model
         level_ratio = config.level_ratio(grid.downsample, model.max_downsample(config))
         r = min(int(num_tokens * config.ratio_at(level_ratio, model.timestep_value)), _num_sources(grid, config))
+        if grid.frames > 1 and config.st == 1:
+            r -= r % grid.frames  # merged frame by frame: as many tokens from every frame
         if r <= 0:
             return None
         # A merge shared by several blocks is made of the image tokens alone; blocks that merge the text
@@ -393,14 +438,34 @@ class BlockState:
     def _compute(
         self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, text: int, rows: int, tail: int = 0
     ) -> TokenMerge:
+        similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
+        if grid.frames > 1 and config.st == 1:
+            return self._compute_per_frame(config, metric, grid, r, similarity_dtype)
         plan = self.model.partitions(config, grid, metric.shape[0], metric.device, text, rows)
         partition = plan[self.index] if len(plan) > 1 else plan[0]
-        similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
         return match(metric, partition, r, similarity_dtype, self.model.needs_row_token, tail)
+
+    def _compute_per_frame(
+        self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, similarity_dtype: torch.dtype | None
+    ) -> TokenMerge:
+        # tomesd frame by frame: the frames are the batch of one matching (windows and destinations inside
+        # a frame, the same destination places in every frame), each frame losing r / frames tokens.
+        batch, num_tokens, channels = metric.shape
+        frames = grid.frames
+        frame = Grid(grid.h, grid.w, grid.downsample)
+        plan = self.model.partitions(config, frame, batch * frames, metric.device, samples=batch)
+        partition = plan[self.index] if len(plan) > 1 else plan[0]
+        per_frame = metric.reshape(batch * frames, num_tokens // frames, channels)
+        merge = match(per_frame, partition, r // frames, similarity_dtype, self.model.needs_row_token)
+        return fold_frames(merge, batch, frames)
 
 
 def _num_sources(grid: Grid, config: ToMeConfig) -> int:
-    return grid.h * grid.w - (grid.h // config.sy) * (grid.w // config.sx)
+    if grid.frames > 1 and config.st > 1:
+        return grid.frames * grid.h * grid.w - (grid.frames // config.st) * (grid.h // config.sy) * (
+            grid.w // config.sx
+        )
+    return grid.frames * (grid.h * grid.w - (grid.h // config.sy) * (grid.w // config.sx))
 
 
 #: Attribute set on each mergeable attention module while ToMe is applied: an `AttentionSlot`.

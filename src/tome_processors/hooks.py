@@ -116,7 +116,9 @@ class ModelHooks:
             value = self.schedule.value_for(argument(args, kwargs, family.timestep_position, "timestep"))
         # Only reuse across steps (`recompute_every`) carries anything from one forward into the next.
         marker = family.generation_marker(args, kwargs) if state.config.recompute_every > 1 else None
-        state.begin(grid, family.timestep(args, kwargs), value, marker)
+        # A video family's grid is `(frames, h, w)`.
+        frames = grid[0] if len(grid) == 3 else 1
+        state.begin(grid[-2:], family.timestep(args, kwargs), value, marker, frames)
 
     def block_of(self, module: torch.nn.Module) -> BlockState | None:
         for block_module, block in zip(self.block_modules, self.blocks, strict=True):

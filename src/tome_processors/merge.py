@@ -1,4 +1,4 @@
-"""Token merging math: bipartite soft matching on a 2-D token grid.
+"""Token merging math: bipartite soft matching on a 2-D token grid (or a video's frames of one).
 
 Pure tensor functions; nothing here knows about diffusers. Shapes use B (batch), N (tokens),
 C (channels), M (tokens left after merging), S and D (sources and destinations) and a token grid of
@@ -32,6 +32,7 @@ __all__ = [
     "Partition",
     "TokenMerge",
     "bipartite_soft_matching_2d",
+    "fold_frames",
     "grid_partition",
     "match",
     "pool_tokens",
@@ -270,14 +271,18 @@ class Partition:
 class GridLayout:
     """What a grid's partitions are built from; depends only on the grid, so it is built once and cached.
 
+    A video's grid has `frames` of `h x w` tokens (frame-major) and its windows span `st` frames too
+    (`st x sy x sx`); an image's is one frame.
+
     Attributes:
         h, w, sx, sy: the grid and its windows.
-        origins: `(1, W, 1)` each full window's top-left token (shaped to add to a `(K, W, places)` choice).
-        place_order: `(sx * sy, sx * sy)` token offsets within a window: row c lists the places other
+        origins: `(1, W, 1)` each full window's first token (shaped to add to a `(K, W, places)` choice).
+        place_order: `(places, places)` token offsets within a window: row c lists the places other
             than c, then c (sources, then the destination).
         edges: `(E,)` the tokens outside every full window (always sources).
         window_of_token: `(N,)` each token's window (0 at the edges): the row a destination heads,
             whichever place of its window it is at, so `Partition.dst_row` never depends on the choice.
+        frames, st: the grid's frames and the frames a window spans.
     """
 
     h: int
@@ -288,38 +293,58 @@ class GridLayout:
     place_order: torch.Tensor
     edges: torch.Tensor
     window_of_token: torch.Tensor
+    frames: int = 1
+    st: int = 1
     _batched: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def build(cls, h: int, w: int, sx: int, sy: int, device: torch.device | str = "cpu") -> GridLayout:
-        """The layout of an `h x w` grid with `sy x sx` windows on `device`."""
+    def build(
+        cls, h: int, w: int, sx: int, sy: int, device: torch.device | str = "cpu", frames: int = 1, st: int = 1
+    ) -> GridLayout:
+        """The layout of an `h x w` grid (of `frames` frames) with `sy x sx` (`st x sy x sx`) windows on `device`.
+
+        Example:
+            >>> layout = GridLayout.build(2, 2, 2, 2, frames=3, st=2)  # one 2x2x2 window, the last frame left over
+            >>> layout.origins.flatten().tolist(), layout.edges.tolist()
+            ([0], [8, 9, 10, 11])
+        """
         device = torch.device(device)
-        hsy, wsx = h // sy, w // sx
-        rows = torch.arange(hsy, device=device).view(hsy, 1) * (sy * w)
-        origins = (rows + torch.arange(wsx, device=device).view(1, wsx) * sx).view(-1)
-        offsets = [dy * w + dx for dy in range(sy) for dx in range(sx)]
-        order = [[offsets[p] for p in range(sx * sy) if p != c] + [offsets[c]] for c in range(sx * sy)]
-        covered = torch.zeros(h, w, dtype=torch.bool)
-        covered[: hsy * sy, : wsx * sx] = True
-        edges = torch.arange(h * w)[~covered.view(-1)].to(device)
-        window_of_token = torch.zeros(h, w, dtype=torch.long)
-        window_of_token[: hsy * sy, : wsx * sx] = (
-            torch.arange(hsy * wsx).view(hsy, 1, wsx, 1).expand(hsy, sy, wsx, sx).reshape(hsy * sy, wsx * sx)
+        fst, hsy, wsx = frames // st, h // sy, w // sx
+        hw = h * w
+        origins = (
+            torch.arange(fst).view(fst, 1, 1) * (st * hw)
+            + torch.arange(hsy).view(1, hsy, 1) * (sy * w)
+            + torch.arange(wsx).view(1, 1, wsx) * sx
+        ).view(-1)
+        offsets = [dt * hw + dy * w + dx for dt in range(st) for dy in range(sy) for dx in range(sx)]
+        places = len(offsets)
+        order = [[offsets[p] for p in range(places) if p != c] + [offsets[c]] for c in range(places)]
+        covered = torch.zeros(frames, h, w, dtype=torch.bool)
+        covered[: fst * st, : hsy * sy, : wsx * sx] = True
+        edges = torch.arange(frames * hw)[~covered.view(-1)]
+        window_of_token = torch.zeros(frames, h, w, dtype=torch.long)
+        window_of_token[: fst * st, : hsy * sy, : wsx * sx] = (
+            torch.arange(fst * hsy * wsx)
+            .view(fst, 1, hsy, 1, wsx, 1)
+            .expand(fst, st, hsy, sy, wsx, sx)
+            .reshape(fst * st, hsy * sy, wsx * sx)
         )
         return cls(
             h,
             w,
             sx,
             sy,
-            origins.view(1, -1, 1),
+            origins.view(1, -1, 1).to(device),
             torch.tensor(order, device=device),
-            edges,
+            edges.to(device),
             window_of_token.view(-1).to(device),
+            frames,
+            st,
         )
 
     @property
     def places(self) -> int:
-        return self.sx * self.sy
+        return self.st * self.sx * self.sy
 
     @property
     def windows(self) -> int:
@@ -457,6 +482,37 @@ def _identity(batch: int, num_tokens: int, device: torch.device, dtype: torch.dt
     )
 
 
+def fold_frames(merge: TokenMerge, batch: int, frames: int) -> TokenMerge:
+    """A merge made frame by frame (`frames` frames of each of `batch` samples as its batch) as one of the samples.
+
+    Merging the frames as a batch of `batch * frames` gives every frame the same number of rows, so a
+    merged frame's flat rows are already those of its sample (`b * frames * M + f * M + m`): only the
+    per-sample views change, and `row_token` moves each frame's positions after the frames before it.
+
+    Example:
+        >>> frames = torch.tensor([[[1.0, 0], [1, 0]], [[0, 1], [1, 0]]])  # one sample: 2 frames of 1x2
+        >>> per_frame = bipartite_soft_matching_2d(frames, h=1, w=2, sx=2, sy=1, r=1, with_row_token=True)
+        >>> clip = fold_frames(per_frame, batch=1, frames=2)
+        >>> clip.merge(torch.arange(4.0).view(1, 4, 1)).flatten().tolist(), clip.row_token.tolist()
+        ([0.5, 2.5], [[0, 2]])
+    """
+    if merge.text or merge.text_rows:
+        raise ValueError(f"Expected a merge of grid tokens only, but got one with {merge.text} text tokens.")
+    if merge.batch != batch * frames:
+        raise ValueError(f"Expected a merge of {batch * frames} frames, but got one of {merge.batch}.")
+    n, m = merge.num_tokens, merge.num_rows
+    row_token = merge.row_token
+    if row_token is not None:
+        device = row_token.device
+        shift = _constant(
+            ("frames", batch, frames, n, device),
+            lambda: (torch.arange(batch * frames, device=device) % frames).view(-1, 1) * n,
+        )
+        row_token = (row_token + shift).view(batch, frames * m)
+    token_rows = merge.token_rows.view(batch, frames * n)
+    return TokenMerge(merge.token_row, merge.row_size, batch, frames * n, frames * m, row_token, token_rows)
+
+
 def match(
     metric: torch.Tensor,
     partition: Partition,
@@ -487,7 +543,7 @@ def match(
     text, text_rows = partition.text, partition.text_rows
     M = text_rows + N - r
     with torch.no_grad():
-        x = metric[:, partition.perm]
+        x = metric.index_select(1, partition.perm)  # one op where `metric[:, perm]` took two (slice, index)
         x = x / x.norm(dim=-1, keepdim=True)  # as tomesd: a zero token only changes which pair is chosen
         src, dst = x.split((S, D), dim=1)
         best_score, best_dst = best_match(src, dst, similarity_dtype)

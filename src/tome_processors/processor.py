@@ -20,6 +20,7 @@ from .context import SLOT_ATTR, AttentionSlot
 from .families import Layout, class_default_processor
 from .joint_attention import run_with_text
 from .merge import TokenMerge, pool_tokens
+from .rotary_attention import run_with_rotary
 
 
 class _SignedCall:
@@ -187,6 +188,8 @@ class ToMeProcessor(torch.nn.Module):
             return self._run_built(slot, attn, hidden_states, args, kwargs)
         if slot is None or hidden_states.ndim != 3:
             return self.inner(attn, hidden_states, *args, **kwargs)
+        if slot.layout is Layout.ROTARY:  # video tokens with a rotary table row each (Wan)
+            return run_with_rotary(self, slot, attn, hidden_states, args, kwargs)
         if slot.layout is not Layout.IMAGE:  # image tokens next to text tokens (SD3, Flux)
             return run_with_text(self, slot, attn, hidden_states, args, kwargs)
         if self.config.mode == "downsample_kv":

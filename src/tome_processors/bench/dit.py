@@ -1,9 +1,10 @@
 """Diffusion transformers for `tome-processors bench --arch NAME`: random weights, fixed inputs.
 
 The full-size architectures follow the published transformer configs of PixArt-α (XL-2, 1024 px),
-Stable Diffusion 3 medium, FLUX.1-dev, Qwen-Image, FLUX.2-dev, Chroma1-HD and Z-Image-Turbo (nothing
-is downloaded; weights are diffusers' random initialisation, so speed and memory are those of the real
-model while the output change says nothing about image quality). FLUX.1-dev has 12 B parameters: about
+Stable Diffusion 3 medium, FLUX.1-dev, Qwen-Image, FLUX.2-dev, Chroma1-HD, Z-Image-Turbo and the video
+model Wan2.1-T2V-1.3B (its inputs are a latent clip of `frames` frames at `resolution x width` pixels).
+Nothing is downloaded; weights are diffusers' random initialisation, so speed and memory are those of the
+real model while the output change says nothing about image quality. FLUX.1-dev has 12 B parameters: about
 48 GB in float32, 24 GB in bfloat16; FLUX.2-dev 32 B. `layers` (`--layers`) keeps the real width and
 shortens the depth: at most that many blocks in each block list. `--quick` builds tiny versions with the
 same block structure.
@@ -28,11 +29,14 @@ from diffusers import (
     PixArtTransformer2DModel,
     QwenImageTransformer2DModel,
     SD3Transformer2DModel,
+    WanTransformer3DModel,
     ZImageTransformer2DModel,
 )
 
 __all__ = [
     "QUICK_TEXT_TOKENS",
+    "VIDEO_ARCHITECTURES",
+    "latent_frames",
     "TRANSFORMER_ARCHITECTURES",
     "TransformerInputs",
     "build_transformer",
@@ -130,6 +134,21 @@ _FULL: dict[str, dict[str, Any]] = {
         axes_dims=[32, 48, 48],
         axes_lens=[1024, 512, 512],
     ),
+    "wan": dict(  # Wan2.1-T2V-1.3B
+        patch_size=(1, 2, 2),
+        num_attention_heads=12,
+        attention_head_dim=128,
+        in_channels=16,
+        out_channels=16,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=8960,
+        num_layers=30,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        eps=1e-6,
+        rope_max_seq_len=1024,
+    ),
 }
 _QUICK: dict[str, dict[str, Any]] = {
     "pixart": dict(_FULL["pixart"], num_attention_heads=2, attention_head_dim=16, num_layers=2, cross_attention_dim=32,
@@ -149,16 +168,33 @@ _QUICK: dict[str, dict[str, Any]] = {
                    approximator_num_channels=8, approximator_hidden_dim=16, approximator_layers=1),
     "zimage": dict(_FULL["zimage"], in_channels=4, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2,
                    cap_feat_dim=32, axes_dims=[8, 4, 4], axes_lens=[256, 64, 64]),
+    "wan": dict(_FULL["wan"], num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=32,
+                freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=64),
 }  # fmt: skip
 
 #: Architecture name -> transformer config (the full-size one).
 TRANSFORMER_ARCHITECTURES = _FULL
 #: Text tokens of each family's pipeline: PixArt-α's T5 (120), SD3's CLIP + T5 (77 + 256), Flux's T5 (512),
-#: FLUX.2's Mistral and Chroma's T5 (padded to 512); Qwen-Image and Z-Image do not pad their prompts: 128
-#: stands for a long prompt.
-TEXT_TOKENS = {"pixart": 120, "sd3": 333, "flux": 512, "qwenimage": 128, "flux2": 512, "chroma": 512, "zimage": 128}
+#: FLUX.2's Mistral and Chroma's T5 (padded to 512), Wan's UMT5 (512); Qwen-Image and Z-Image do not pad
+#: their prompts: 128 stands for a long prompt.
+TEXT_TOKENS = {
+    "pixart": 120,
+    "sd3": 333,
+    "flux": 512,
+    "qwenimage": 128,
+    "flux2": 512,
+    "chroma": 512,
+    "zimage": 128,
+    "wan": 512,
+}
 #: The config fields that set a model's depth (`layers` caps each).
 _DEPTH_FIELDS = ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers")
+#: Video architectures: inputs are clips (`frames`, and `width` beside `resolution`, the height).
+VIDEO_ARCHITECTURES = ("wan",)
+#: A video architecture's clip when none is given: height, width, pixel frames (Wan's 480p, 33 frames).
+VIDEO_DEFAULTS = {"wan": (480, 832, 33)}
+#: The VAE's stride in time and space (Wan's: 4 frames, 8 pixels).
+_VIDEO_STRIDES = {"wan": (4, 8)}
 #: Text tokens for the `--quick` models.
 QUICK_TEXT_TOKENS = 16
 
@@ -171,13 +207,15 @@ _MODEL_CLASSES: dict[str, type] = {
     "flux2": Flux2Transformer2DModel,
     "chroma": ChromaTransformer2DModel,
     "zimage": ZImageTransformer2DModel,
+    "wan": WanTransformer3DModel,
 }
 
 
 def build_transformer(arch: str, quick: bool = False, seed: int = 0, layers: int | None = None) -> torch.nn.Module:
     """A diffusion transformer of the named architecture with random weights (seeded), in eval mode.
 
-    `layers`: at most that many blocks in each of the model's block lists (the real width, a shorter depth).
+    `layers`: at most that many blocks in each of the model's block lists (the real width, a shorter depth;
+    a CPU cannot run all 30 of Wan's at a clip's token count; speed-ups are then per block).
 
     Example:
         >>> type(build_transformer("sd3", quick=True)).__name__
@@ -194,6 +232,16 @@ def build_transformer(arch: str, quick: bool = False, seed: int = 0, layers: int
         config.update({name: min(config[name], layers) for name in _DEPTH_FIELDS if name in config})
     torch.manual_seed(seed)
     return _MODEL_CLASSES[arch](**config).eval()
+
+
+def latent_frames(arch: str, frames: int) -> int:
+    """The latent frames of a clip of `frames` pixel frames: `1 + (frames - 1) // stride` (Wan's VAE: 4).
+
+    Example:
+        >>> latent_frames("wan", 33), latent_frames("wan", 81)
+        (9, 21)
+    """
+    return 1 + (frames - 1) // _VIDEO_STRIDES[arch][0]
 
 
 @dataclass
@@ -218,10 +266,13 @@ def make_transformer_inputs(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     text_tokens: int | None = None,
+    frames: int | None = None,
+    width: int | None = None,
 ) -> TransformerInputs:
     """Random fixed inputs for `model` at `resolution` pixels (latent side `resolution // 8`).
 
-    `text_tokens` defaults to the family pipeline's prompt length (`TEXT_TOKENS`).
+    `text_tokens` defaults to the family pipeline's prompt length (`TEXT_TOKENS`). A video architecture's
+    clip is `frames` pixel frames (`latent_frames` in the latent) of `resolution x width` pixels.
 
     Example:
         >>> flux = build_transformer("flux", quick=True)
@@ -297,6 +348,15 @@ def make_transformer_inputs(
             "x": [randn(config.in_channels, 1, side, side) for _ in range(batch)],
             "t": torch.full((batch,), 0.5, device=device, dtype=dtype),
             "cap_feats": [randn(text_len, config.cap_feat_dim) for _ in range(batch)],
+        }
+    elif arch in VIDEO_ARCHITECTURES:
+        _, default_width, default_frames = VIDEO_DEFAULTS[arch]
+        stride = _VIDEO_STRIDES[arch][1]
+        clip = (latent_frames(arch, frames or default_frames), resolution // stride, (width or default_width) // stride)
+        kwargs = {
+            "hidden_states": randn(batch, config.in_channels, *clip),
+            "timestep": torch.full((batch,), 500, device=device),
+            "encoder_hidden_states": randn(batch, text_len, config.text_dim),
         }
     else:  # sd3
         kwargs = {

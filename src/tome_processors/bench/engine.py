@@ -101,7 +101,8 @@ class Recording(NamedTuple):
 
     Attributes:
         output: the model's output.
-        latent_hw: the token grid of the forward (a UNet's latent, a transformer's patch grid).
+        latent_hw: the token grid of the forward (a UNet's latent, a transformer's patch grid; a video's
+            `(frames, h, w)`).
         timestep: the timestep as the family reads it from the model's arguments.
         blocks: every block call, in call order.
         needs_row_token: whether the family's merges record the rows' kept tokens (Flux's rotary
@@ -109,7 +110,7 @@ class Recording(NamedTuple):
     """
 
     output: Any
-    latent_hw: tuple[int, int] | None
+    latent_hw: tuple[int, ...] | None
     timestep: Any
     blocks: list[BlockInput]
     needs_row_token: bool = False
@@ -287,7 +288,7 @@ def record_block_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> R
         if grid is not None:
             timestep = family.timestep(args, kwargs)
             forward_args.append((grid, timestep))
-            state.begin(grid, timestep)
+            state.begin(grid[-2:], timestep, None, grid[0] if len(grid) == 3 else 1)  # a video's: (frames, h, w)
 
     def block_hook(index: int, args: tuple, kwargs: dict) -> None:
         tokens = argument(args, kwargs, 0, "hidden_states")

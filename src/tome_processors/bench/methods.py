@@ -101,6 +101,14 @@ MODES: dict[str, ModeSpec] = {
     ),
     "bf16": ModeSpec("ours bf16-sim", {"similarity_dtype": "bfloat16"}, True, "merge, similarity matrix in bfloat16"),
     "share": ModeSpec("ours share-level", {"share_level": True}, True, "merge, one matching per level and forward"),
+    # Video families only (`Family.video`): windows across frames (`ToMeConfig.st`).
+    "temporal": ModeSpec("ours st=2", {"st": 2}, True, "video: 2x2x2 windows across two frames, clip-wide matching"),
+    "temporal-only": ModeSpec(
+        "ours st=2 1x1", {"st": 2, "sx": 1, "sy": 1}, True, "video: windows of one place in two frames"
+    ),
+    "temporal-mlp": ModeSpec(
+        "ours st=2 mlp", {"st": 2, "merge_mlp": True}, True, "video: st=2 with the feed-forward merged too"
+    ),
     "bf16-share": ModeSpec(
         "ours bf16+share",
         {"similarity_dtype": "bfloat16", "share_level": True},
@@ -135,7 +143,8 @@ def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Record
 
         def run() -> None:
             with torch.inference_mode():
-                state.begin(recording.latent_hw, recording.timestep)
+                grid = recording.latent_hw  # a video's: (frames, h, w)
+                state.begin(grid[-2:], recording.timestep, None, grid[0] if len(grid) == 3 else 1)
                 for block, recorded in targets:
                     block.reset()
                     if config.mode == "downsample_kv":
@@ -337,6 +346,11 @@ def pick_methods(
             methods += tomesd_methods(ratios or [TOMESD_DEFAULT_RATIO], max_downsample=auto_downsample)
         else:
             notes.append("tomesd is not installed (pip install tomesd), so its rows are left out.")
+    if family is None or not family.video:  # windows across frames need frames
+        skipped = [m for m in modes if MODES[m].options.get("st", 1) != 1]
+        modes = [m for m in modes if m not in skipped]
+        if skipped:
+            notes.append(f"modes {skipped} need a video model and are left out.")
     if family is not None and family.merge_only:  # joint attention: no K/V pooling (docs/transformers.md)
         skipped = [m for m in modes if MODES[m].options.get("mode", "merge") != "merge"]
         modes = [m for m in modes if m not in skipped]

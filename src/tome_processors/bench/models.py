@@ -4,6 +4,7 @@
   SDPA processors (`AttnProcessor2_0`) in every attention module;
 - `--arch pixart|sd3|flux`: a diffusion transformer (`dit.py`), keeping its own processors;
 - `--arch svd`: Stable Video Diffusion's UNet (`svd.py`), `--frames` latent frames per clip;
+- `--arch wan`: a video diffusion transformer on a clip (`--frames`, `--width`; `--layers` shortens it);
 - `--quick`: a tiny model of the same layout;
 - `--model`: a local folder or hub id (a UNet, or with `--pipeline` a whole pipeline);
 - `--pipeline` without `--model`: the architecture's whole pipeline around that model, every other
@@ -29,7 +30,14 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 
 from ..apply import target_models
 from ..families import Family, find_family
-from .dit import QUICK_TEXT_TOKENS, TRANSFORMER_ARCHITECTURES, build_transformer, make_transformer_inputs
+from .dit import (
+    QUICK_TEXT_TOKENS,
+    TRANSFORMER_ARCHITECTURES,
+    VIDEO_ARCHITECTURES,
+    VIDEO_DEFAULTS,
+    build_transformer,
+    make_transformer_inputs,
+)
 from .pipelines import build_pipeline
 from .svd import build_svd_unet, make_svd_inputs
 from .unet import build_unet, load_unet, make_inputs
@@ -95,6 +103,7 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     text_encoders: str = "full",
     frames: int | None = None,
+    width: int | None = None,
     layers: int | None = None,
 ) -> BenchModel:
     """The model to measure, with fixed inputs of `batch` at `resolution` pixels (default: the model's own).
@@ -107,8 +116,10 @@ def build_model(
             pipeline with random weights around the same denoiser (`pipelines.build_pipeline`).
         seed: seeds the random weights and inputs.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (`pipelines.build_pipeline`).
-        frames: with `arch="svd"`: frames per clip (default the model's `num_frames`, 14).
-        layers: for a diffusion-transformer `arch`, at most that many blocks per block list (`dit.build_transformer`).
+        frames: a video architecture's clip: wan's pixel frames (default its clip of `dit.VIDEO_DEFAULTS`), or
+            svd's frames per clip (default the model's `num_frames`, 14).
+        width: wan's clip width (`resolution` is the height).
+        layers: for a diffusion-transformer `arch` (wan too), at most that many blocks per block list.
 
     Example:
         >>> bench_model = build_model(arch="pixart", quick=True, pipeline=True)
@@ -155,11 +166,16 @@ def build_model(
         net.set_attn_processor(AttnProcessor2_0())
     sample_size = getattr(net.config, "sample_size", None) or 128  # Flux has none: 1024 px
     sample_size = sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size
+    video = family is not None and family.name in VIDEO_ARCHITECTURES
+    if video and not quick:
+        resolution = resolution or VIDEO_DEFAULTS[family.name][0]
     resolution = resolution or (128 if quick else int(sample_size) * 8)
     if transformer:
         text_tokens = QUICK_TEXT_TOKENS if quick else None
+        clip = {"frames": frames or (9 if quick else None), "width": width or (resolution if quick else None)}
+        clip = clip if video else {}
         inputs: Any = make_transformer_inputs(
-            net, family.name, batch, resolution, seed, device, dtype, text_tokens=text_tokens
+            net, family.name, batch, resolution, seed, device, dtype, text_tokens=text_tokens, **clip
         )
     elif family is not None and family.name == "svd":
         inputs = make_svd_inputs(net, batch, resolution, frames, seed=seed, device=device, dtype=dtype)

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .attention_share import attention_share_metrics
 from .caches import cache_methods, cache_quality, cache_quality_table, supports_caches
 from .engine import BenchSettings, Method, run_benchmark
 from .generate import generation_table, save_generation_grid, save_generation_json, time_generations
@@ -61,9 +62,10 @@ class BenchRequest:
         grid_path: with `pipeline`, where to save the image grid.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
         cache: with `pipeline`, one of diffusers' step caches (`caches.CACHES`), timed alone and with each preset.
-        frames: with `arch="svd"`: frames per clip (None: the model's, 14).
-        layers: a diffusion-transformer `arch` with at most that many blocks per block list (None: all).
         prompt, steps, guidance_scale: with `pipeline`, each generation's.
+        frames: a video architecture's clip: pixel frames (wan) or frames per clip (svd); None: the model's.
+        width: wan's clip width in pixels (`resolution` its height).
+        layers: a diffusion-transformer `arch` (wan too) with at most that many blocks per block list (None: all).
         command: the command line, for the metadata.
     """
 
@@ -95,11 +97,12 @@ class BenchRequest:
     grid_path: str = "tome-bench-grid.png"
     text_encoders: str | None = None
     cache: str | None = None
-    frames: int | None = None
-    layers: int | None = None
     prompt: str = "a photo of an astronaut riding a horse on mars"
     steps: int = 20
     guidance_scale: float = 7.5
+    frames: int | None = None
+    width: int | None = None
+    layers: int | None = None
     command: str = "tome-processors bench"
 
 
@@ -131,6 +134,7 @@ def run_bench(request: BenchRequest) -> int:
         dtype,
         text_encoders=request.text_encoders or "full",
         frames=request.frames,
+        width=request.width,
         layers=request.layers,
     )
     methods, notes = pick_methods(
@@ -183,7 +187,10 @@ def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
     bench, methods, settings, device, dtype, started = run
     denoiser = bench_denoiser(bench.family)  # transformer rows are measured on the trained DiT
     extra_metrics = None
-    if request.trained_quality:
+    if bench.family is not None and bench.family.video:
+        # No trained video denoiser ships yet: the rows show attention's share of the forward instead.
+        extra_metrics = attention_share_metrics(bench.model, bench.forward)
+    elif request.trained_quality:
         if importlib.util.find_spec("skimage") is None:
             print('note: the trained-denoiser columns need scikit-image: pip install "tome-processors[bench]".')
         else:

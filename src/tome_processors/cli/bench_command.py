@@ -54,21 +54,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", default=None, help="a local diffusers folder (pipeline or unet) or a hub id")
     what.add_argument(
         "--arch",
-        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "svd"],
+        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "svd", "wan"],
         default=None,
         help="a real UNet or diffusion-transformer architecture with random weights (default sd15 when no --model)",
     )
     what.add_argument("--quick", action="store_true", help="a tiny architecture that finishes in seconds")
-    what.add_argument(
-        "--frames", type=int, default=None, help="video architectures (svd): frames per clip (default the model's, 14)"
-    )
+    what.add_argument("--resolution", type=int, default=None, help="image side in pixels (default: the model's)")
     what.add_argument(
         "--layers",
         type=int,
         default=None,
-        help="a transformer --arch at its real width with at most this many blocks per block list",
+        help="a transformer --arch (wan too) at its real width with at most this many blocks per block list; "
+        "ratios are per block",
     )
-    what.add_argument("--resolution", type=int, default=None, help="image side in pixels (default: the model's)")
+    video = parser.add_argument_group("video models (--arch wan, svd)")
+    video.add_argument(
+        "--frames",
+        type=int,
+        default=None,
+        help="wan: pixel frames of the clip (default 33: 9 latent frames); svd: frames per clip (default 14)",
+    )
+    video.add_argument("--width", type=int, default=None, help="wan: clip width in pixels; --resolution is its height")
     what.add_argument(
         "--batch", type=int, default=None, help="UNet batch size (default 2 = one image with CFG); not with --pipeline"
     )
@@ -210,15 +216,16 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
         fail(f"Expected --resolution to be a multiple of 8 and >= 16, but got {args.resolution}.")
     if args.threads is not None and args.threads < 1:
         fail(f"Expected --threads >= 1, but got {args.threads}.")
-    if args.frames is not None and args.arch != "svd":
-        fail(f"Expected --frames only with a video --arch (svd), but got --arch {args.arch}.")
-    if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *_NEW_TRANSFORMERS):
+    if args.frames is not None and args.arch not in ("svd", "wan"):
+        fail(f"Expected --frames only with a video --arch (wan, svd), but got --arch {args.arch}.")
+    if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", "wan", *_NEW_TRANSFORMERS):
         fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
     if args.pipeline and args.arch in _NEW_TRANSFORMERS:
         fail(f"Expected --pipeline with sd15, sd2, sdxl, pixart, sd3 or flux, but got --arch {args.arch}.")
     for name in ("batch", "warmup", "steps", "rounds", "frames", "layers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             fail(f"Expected --{name} >= 1, but got {getattr(args, name)}.")
+    _check_video(args, fail)
     _check_pipeline(args, fail)
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         fail("Expected matplotlib for --plot, but it is not installed: pip install 'tome-processors[plot]'.")
@@ -231,6 +238,18 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
             fail("Expected a CUDA device for --device cuda, but torch sees none.")
         if device.type == "mps" and not torch.backends.mps.is_available():
             fail("Expected an MPS device for --device mps, but torch sees none.")
+
+
+def _check_video(args: argparse.Namespace, fail: Any) -> None:
+    """The video options: for a video architecture only, and in range."""
+    if args.width is not None and args.arch != "wan":
+        fail(f"Expected --width only with a video architecture (--arch wan), but got --arch {args.arch}.")
+    if args.arch == "wan" and args.frames is not None and (args.frames < 1 or (args.frames - 1) % 4):
+        fail(f"Expected --frames of the form 4k + 1 (Wan's VAE: 1, 5, ..., 33, 81), but got {args.frames}.")
+    if args.width is not None and (args.width < 16 or args.width % 16):
+        fail(f"Expected --width to be a multiple of 16, but got {args.width}.")
+    if args.arch == "wan" and args.pipeline:
+        fail("Expected --arch wan without --pipeline: whole-video generations are not in the bench yet.")
 
 
 def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
@@ -288,10 +307,11 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         grid_path=args.grid,
         text_encoders=args.text_encoders,
         cache=args.cache,
-        frames=args.frames,
         prompt=args.prompt,
         steps=args.steps,
         guidance_scale=args.guidance_scale,
+        frames=args.frames,
+        width=args.width,
         command="tome-processors " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
     )
 

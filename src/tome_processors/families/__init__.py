@@ -13,9 +13,9 @@ the processor stay generic. A family answers four questions about a model:
 
 Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
 `PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel`, `Flux2Transformer2DModel`,
-`ChromaTransformer2DModel`, `QwenImageTransformer2DModel`, `ZImageTransformer2DModel` and Stable Video
-Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks). docs/families.md is the recipe for
-adding one.
+`ChromaTransformer2DModel`, `QwenImageTransformer2DModel`, `ZImageTransformer2DModel`, and the video models
+`WanTransformer3DModel` and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
+blocks). docs/families.md is the recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -47,6 +47,7 @@ from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
+from .wan import WanFamily
 from .zimage import ZImageFamily
 
 __all__ = [
@@ -68,6 +69,7 @@ __all__ = [
     "Stack",
     "UNetFamily",
     "ZImageFamily",
+    "WanFamily",
     "attention_levels",
     "class_default_processor",
     "family_of",
@@ -92,6 +94,7 @@ FAMILIES: dict[str, type[Family]] = {
         ChromaFamily,
         QwenImageFamily,
         ZImageFamily,
+        WanFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -107,6 +110,7 @@ _SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tra
         "ChromaTransformer2DModel",
         "QwenImageTransformer2DModel",
         "ZImageTransformer2DModel",
+        "WanTransformer3DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )

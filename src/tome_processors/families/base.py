@@ -29,6 +29,9 @@ class Layout(enum.Enum):
     #: `hidden_states` are image tokens followed by others (padding, text), and so is the output
     #: (Z-Image's unified sequence).
     IMAGE_FIRST = "image_first"
+    #: `hidden_states` are the image tokens, and `rotary_emb` holds `(cos, sin)` tables of shape
+    #: `(1, N, 1, D)`, one row per token (Wan's 3-D rotary embeddings); the output is one tensor.
+    ROTARY = "rotary"
 
 
 class Span(enum.Enum):
@@ -198,6 +201,8 @@ class Family:
 
     A family of a joint text-image transformer is mostly a declaration: `model_class`, `stacks`,
     `rotary`, the timestep and the presets; `matches` and `blocks` come from them (docs/families.md).
+        video: True where the token grid has frames (`token_grid` gives `(frames, h, w)`), so windows
+            may span frames (`ToMeConfig.st`).
     """
 
     name = "family"
@@ -206,6 +211,7 @@ class Family:
     masks_text_only = False
     model_class: type | None = None
     stacks: tuple[Stack, ...] = ()
+    video = False
     input_name = "hidden_states"
     input_position = 0
     timestep_position = 2
@@ -255,8 +261,9 @@ class Family:
         """
         return {**self.defaults, **self.presets[name]}
 
-    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int] | None:
-        """`(h, w)` image tokens of this forward, or None when the call gives no grid."""
+    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, ...] | None:
+        """`(h, w)` image tokens of this forward (`(frames, h, w)` on a video family), or None when the call gives
+        no grid."""
         patch = int(getattr(model.config, "patch_size", 1) or 1)
         x = argument(args, kwargs, self.input_position, self.input_name)
         if not isinstance(x, torch.Tensor) or x.ndim != 4:
@@ -299,6 +306,11 @@ class Family:
         `config` is not typed as `ToMeConfig`: config.py builds configs from the families' tables, so
         this module does not import it.
         """
+        if not self.video and getattr(config, "st", 1) != 1:
+            raise ValueError(
+                f"Expected st=1 on {type(model).__name__} (an image model: its tokens have no frames), but got "
+                f"st={config.st}."
+            )
         if self.merge_only and config.mode != "merge":
             raise ValueError(
                 f'Expected mode="merge" on {type(model).__name__} (its joint attention computes keys and values '

@@ -1,0 +1,58 @@
+"""Wan 2.1 / 2.2: a video diffusion transformer over a `(frames, h, w)` grid of patch tokens, 3-D rotary positions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers import WanTransformer3DModel
+
+from ..arguments import argument
+from .base import AttentionSite, BlockSite, Family, Layout
+
+
+class WanFamily(Family):
+    """`WanTransformer3DModel` (text- and image-to-video, Wan 2.1 and 2.2): `WanTransformerBlock`s.
+
+    Each block's `attn1` is self-attention over the video tokens with 3-D rotary embeddings (a merged
+    row keeps the rotation of the token it is kept at); `attn2` is cross-attention to the text (and the
+    image-embedding tokens of image-to-video), whose keys and values are never merged; `ffn` is the
+    feed-forward (`merge_mlp`). The token grid is the input `(B, C, F, H, W)` over `config.patch_size`.
+    """
+
+    name = "wan"
+    needs_row_token = True
+    video = True
+    timestep_position = 1
+    # K/V pooling cannot pass pooled keys through Wan's processor: it rotates the keys with a table of
+    # one row per query token.
+    merge_only = True
+    defaults: dict[str, Any] = {"ratio": 0.5}
+    # docs/video.md: on a random-weight Wan2.1-1.3B-width block and a noisy panning clip, merging across two
+    # frames at one place (`sx=sy=1`) changed the output and its frame-to-frame differences less than tomesd
+    # frame by frame at 0.5, 2x2x2 windows at 0.7 less than twice that; merging the feed-forward too changed
+    # them three to four times as much, so no preset does. One matching per forward (`share_level`) keeps the
+    # clip-wide matching's cost to one block's.
+    presets: dict[str, dict[str, Any]] = {
+        "exact": {},
+        "balanced": {"st": 2, "sx": 1, "sy": 1, "share_level": True},
+        "fast": {"st": 2, "ratio": 0.7, "share_level": True},
+    }
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        return isinstance(model, WanTransformer3DModel)
+
+    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        return [
+            BlockSite(
+                block, (AttentionSite(block.attn1, False, Layout.ROTARY), AttentionSite(block.attn2, True)), block.ffn
+            )
+            for block in model.blocks
+        ]
+
+    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
+        x = argument(args, kwargs, self.input_position, self.input_name)
+        if not isinstance(x, torch.Tensor) or x.ndim != 5:
+            return None
+        p_t, p_h, p_w = model.config.patch_size
+        return int(x.shape[2]) // p_t, int(x.shape[3]) // p_h, int(x.shape[4]) // p_w

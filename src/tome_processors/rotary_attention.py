@@ -1,0 +1,81 @@
+"""Merged self-attention over video tokens with one rotary table row per token (Wan's 3-D rotary embeddings).
+
+Wan's processor gets `rotary_emb = (cos, sin)`, each `(1, N, 1, D)`: the rotation of every token, which it
+applies to the queries and keys. With the tokens merged, a row keeps the rotation of the token it is kept at
+(`TokenMerge.row_token`: its destination, or itself when nothing was merged into it), as Flux's rows do
+(see joint_attention.py): a rotation is exact only at a real position. The merge is per sample, so the
+tables become `(B, M, 1, D)`, which the processor broadcasts over the heads as it did the shared table: the
+whole batch runs in one call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .arguments import argument, replace_argument
+from .merge import TokenMerge
+
+_ROTARY = (2, "rotary_emb")  # position after hidden_states (encoder_hidden_states, attention_mask, rotary_emb)
+
+
+def run_with_rotary(
+    processor: Any, slot: Any, attn: torch.nn.Module, hidden_states: torch.Tensor, args: tuple, kwargs: dict
+) -> Any:
+    """Run `processor.inner` on the merged tokens with each row's rotary tables (see module doc)."""
+    inner = processor.inner
+    merge = processor._merge_for(slot, hidden_states, args, kwargs)
+    rotary = argument(args, kwargs, *_ROTARY)
+    if merge is None or (rotary is not None and (merge.row_token is None or not _fits(rotary, merge.num_tokens))):
+        return inner(attn, hidden_states, *args, **kwargs)
+    if rotary is not None:
+        args, kwargs = replace_argument(args, kwargs, *_ROTARY, merged_rotary(rotary, merge, slot.block.model))
+    return merge.unmerge(inner(attn, merge.merge(hidden_states), *args, **kwargs))
+
+
+def _fits(rotary: Any, num_tokens: int) -> bool:
+    """`(cos, sin)` tables of shape `(1, num_tokens, 1, D)` (else the tokens are not merged)."""
+    return (
+        isinstance(rotary, (tuple, list))
+        and len(rotary) == 2
+        and all(
+            isinstance(t, torch.Tensor)
+            and t.ndim == 4
+            and t.shape[0] == 1
+            and t.shape[1] == num_tokens
+            and t.shape[2] == 1
+            for t in rotary
+        )
+        and rotary[0].shape == rotary[1].shape
+    )
+
+
+def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None) -> Any:
+    """The `(1, N, 1, D)` tables `(cos, sin)` at every sample's `merge.row_token`: `(B, M, 1, D)` each.
+
+    Both are gathered at once from one `(N, 1, 2D)` table, made once per forward and kept on `state` (the
+    model's `ModelState`, whose forward passes the same tables to every block), and the result is kept on
+    the merge: a merge shared by several blocks (`share_level`) gathers once per forward.
+
+    Example:
+        >>> from tome_processors.merge import bipartite_soft_matching_2d
+        >>> merge = bipartite_soft_matching_2d(torch.eye(4)[None], 1, 4, 2, 1, 1, with_row_token=True)
+        >>> cos = torch.arange(4.0).view(1, 4, 1, 1)
+        >>> merged_rotary((cos, -cos), merge)[1].flatten().tolist()  # rows kept at tokens 0, 2 and 3
+        [-0.0, -2.0, -3.0]
+    """
+    kept = merge.rotary
+    if kept and kept[0] is rotary:
+        return kept[1]
+    if state is not None and state.rotary_tables and state.rotary_tables[0] is rotary:
+        table = state.rotary_tables[1]
+    else:
+        cos, sin = rotary
+        table = torch.cat([cos, sin], dim=-1)[0]  # (N, 1, 2D)
+        if state is not None:
+            state.rotary_tables = (rotary, table)
+    gathered = table[merge.row_token]  # (B, M, 1, 2D) in one gather
+    tables = type(rotary)(gathered.chunk(2, dim=-1))
+    kept[:] = [rotary, tables]
+    return tables
