@@ -41,6 +41,7 @@ import copy
 import ctypes
 import gc
 import itertools
+import math
 import statistics
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -294,8 +295,8 @@ def record_block_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> R
         tokens = argument(args, kwargs, 0, "hidden_states")
         if not isinstance(tokens, torch.Tensor) or tokens.ndim != 3 or not forward_args:
             return
-        h, w = forward_args[-1][0]
-        tokens = sites[index].metric(tokens, h * w)  # the grid's tokens where the input holds others too
+        grid_tokens = math.prod(forward_args[-1][0])  # (h, w), or a video's (frames, h, w)
+        tokens = sites[index].metric(tokens, grid_tokens)  # the grid's tokens where the input holds others too
         grid = BlockState(state, index).grid(tokens.shape[1])
         h, w, downsample = (grid.h, grid.w, grid.downsample) if grid is not None else (0, 0, 0)
         copy_ = tokens.detach().clone()
