@@ -27,6 +27,7 @@ from tome_processors.bench.engine import (
 )
 from tome_processors.bench.hostcost import count_aten_ops, measure_host_cost
 from tome_processors.bench.methods import (
+    MODES,
     _ours_overhead,
     baseline_method,
     mode_methods,
@@ -430,7 +431,7 @@ def test_default_and_full_grids():
     assert (args.ratios, args.modes, args.presets, args.rounds) == ([], [], list(PRESETS), 3)
     args = build_parser().parse_args(["bench", "--full"])
     bench_command._resolve_defaults(args)
-    assert args.ratios == [0.3, 0.5, 0.7] and len(args.modes) == 8 and args.rounds == 5
+    assert args.ratios == [0.3, 0.5, 0.7] and args.modes == list(MODES) and args.rounds == 5
     assert args.presets == list(PRESETS)
     args = build_parser().parse_args(["bench", "--full", "--ratios", "0.4", "--rounds", "2"])
     bench_command._resolve_defaults(args)

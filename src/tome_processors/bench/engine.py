@@ -289,7 +289,7 @@ def record_block_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> R
         if grid is not None:
             timestep = family.timestep(args, kwargs)
             forward_args.append((grid, timestep))
-            state.begin(grid[-2:], timestep, None, grid[0] if len(grid) == 3 else 1)  # a video's: (frames, h, w)
+            state.begin(grid[-2:], timestep, None, frames=grid[0] if len(grid) == 3 else 1)  # a video's: (frames, h, w)
 
     def block_hook(index: int, args: tuple, kwargs: dict) -> None:
         tokens = argument(args, kwargs, 0, "hidden_states")

@@ -144,7 +144,7 @@ def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Record
         def run() -> None:
             with torch.inference_mode():
                 grid = recording.latent_hw  # a video's: (frames, h, w)
-                state.begin(grid[-2:], recording.timestep, None, grid[0] if len(grid) == 3 else 1)
+                state.begin(grid[-2:], recording.timestep, None, frames=grid[0] if len(grid) == 3 else 1)
                 for block, recorded in targets:
                     block.reset()
                     if config.mode == "downsample_kv":
