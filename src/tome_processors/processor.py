@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 from typing import Any
@@ -296,13 +297,20 @@ def _accepted(inner: Any, kwargs: dict) -> dict:
     """`kwargs` less the names `inner.__call__` takes no parameter for (as diffusers' own keyword filter)."""
     if not kwargs:
         return kwargs
+    names = _accepted_names(type(inner))
+    return kwargs if names is None else {name: value for name, value in kwargs.items() if name in names}
+
+
+@functools.cache
+def _accepted_names(processor_type: type) -> frozenset[str] | None:
+    # Per processor class, once: modules ToMe merges nothing in come through `_accepted` every forward.
     try:
-        parameters = inspect.signature(inner.__call__).parameters
+        parameters = inspect.signature(processor_type.__call__).parameters
     except (TypeError, ValueError):
-        return kwargs
+        return None
     if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-        return kwargs
-    return {name: value for name, value in kwargs.items() if name in parameters}
+        return None
+    return frozenset(parameters)
 
 
 #: What a `ToMeProcessor` without an inner processor shows diffusers' keyword filter (`_union_signature`).
