@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The GPU figures of docs/benchmarks.md, in one device call: `bash scripts/gpu_figures.sh PART`.
+# Expects diffusers and tomesd wheels in .whl/ (README of the device tool) and writes to $OUT.
+set -u
+export PYTHONUNBUFFERED=1
+site=$(mktemp -d)
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" .whl/*.whl || exit 1
+export PYTHONPATH="$site:src"
+out=${OUT:-/tmp/gpu-figures}; mkdir -p "$out/json"
+log="$out/bench-$1.log"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$log"
+git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$log"
+bench() {  # bench SECONDS NAME ARGS...
+  local limit=$1 name=$2; shift 2
+  echo "### $name: tome-processors bench --device cuda $*" | tee -a "$log"
+  timeout -k 5 "$limit" python3 -m tome_processors bench --device cuda --no-progress --json "$out/json/$name.json" "$@" 2>&1 \
+    | grep -v Warning | tee -a "$log"
+}
+case $1 in
+  video)
+    bench 230 wan81 --arch wan --resolution 480 --width 832 --frames 81 --batch 1 --dtype bfloat16 --rounds 3 --modes temporal-only
+    for arch in qwenimage chroma zimage flux; do
+      bench 65 "$arch-1024" --arch "$arch" --resolution 1024 --layers 4 --dtype bfloat16 --rounds 5
+    done
+    bench 70 flux2-1024 --arch flux2 --resolution 1024 --layers 2 --dtype bfloat16 --rounds 5
+    ;;
+  images)
+    bench 110 sd15-512 --arch sd15 --resolution 512 --rounds 10
+    bench 110 sdxl-1024 --arch sdxl --resolution 1024 --rounds 5
+    bench 90 pixart-1024 --arch pixart --resolution 1024 --rounds 5
+    bench 90 sd3-1024 --arch sd3 --resolution 1024 --rounds 5
+    bench 120 flux-pipe-fbc --pipeline --arch flux --layers 4 --text-encoders small --resolution 1024 --steps 8 --rounds 1 --cache fbc --presets balanced --dtype bfloat16
+    ;;
+esac
+tar -C "$out" -czf "$out/json-$1.tgz" json && rm -r "$out/json"
