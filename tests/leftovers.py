@@ -14,5 +14,10 @@ def hooks_left(model: torch.nn.Module) -> int:
 
 
 def tome_attributes_left(model: torch.nn.Module) -> list[str]:
-    """Attributes named `_tome...` on any submodule."""
-    return [name for m in model.modules() for name in vars(m) if name.startswith("_tome")]
+    """Attributes named `_tome...` on any submodule, and methods ToMe wrapped on an instance (`keeper.py`)."""
+    return [
+        name
+        for m in model.modules()
+        for name, value in vars(m).items()
+        if name.startswith("_tome") or type(value).__module__ == "tome_processors.keeper"
+    ]

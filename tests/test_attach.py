@@ -1,4 +1,4 @@
-"""Attaching without a process-wide hook, standing down by itself, diffusers' hook registry."""
+"""Attaching without a process-wide hook, standing down by itself, where the context lives."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch.nn.modules import module as torch_module
 
 import tome_processors as tp
 from tome_processors import ToMeProcessor
-from tome_processors.hooks import HOOK_NAME, attention_modules, context_of
+from tome_processors.hooks import attention_modules, context_of
 
 from models import run_unet, tiny_unet, unet_inputs
 from pipelines import tiny_vae
@@ -92,7 +92,7 @@ def test_context_stands_down_when_no_tome_processor_is_left(unet, how):
     assert not torch.equal(merged, baseline) and leftovers(unet) != []
 
     unet.set_attn_processor(AttnProcessor2_0())
-    assert tp.is_tome_applied(unet)  # noticed at the next forward, not before
+    assert not tp.is_tome_applied(unet)  # off at once; the hooks go at the next forward
     assert torch.equal(run_unet(unet, *inputs), baseline)  # that forward is already plain
     assert not tp.is_tome_applied(unet)
     assert leftovers(unet) == []  # nothing of ToMe runs any more
@@ -132,19 +132,18 @@ def test_direct_replacement_under_enable_tome_is_wrapped_again_before_the_check(
     assert leftovers(unet) == []
 
 
-def test_context_lives_in_diffusers_hook_registry_and_resets_with_it(unet):
+def test_context_lives_in_the_models_pre_hook_and_no_registry_is_made(unet):
     inputs = unet_inputs(unet)
     tp.apply_tome(unet, ratio=0.5, recompute_every=2)
-    registry = unet._diffusers_hook
-    assert isinstance(registry, HookRegistry) and registry.get_hook(HOOK_NAME) is not None
+    # A diffusers HookRegistry entry would rewrite `forward` with a function bound to this module, which a
+    # deep copy keeps calling (issue 25): the context sits in a torch pre-hook object instead.
+    assert "_diffusers_hook" not in vars(unet) and "forward" not in vars(unet)
     run_unet(unet, *inputs)
-    state = context_of(unet).model_state
-    assert state.latent_hw == (16, 16) and state.kept
-    # Pipelines end `__call__` with `maybe_free_model_hooks()`, which does this on denoisers that have
-    # `_reset_stateful_cache` (Flux's transformer in diffusers 0.42; not UNets: see test_dit.py for Flux).
-    registry.reset_stateful_hooks()
-    assert state.latent_hw is None and state.kept == {} and state.step == 0
-    assert all(block.metric is None and block.merge is None for block in context_of(unet).blocks)
+    context = context_of(unet)
+    assert context is not None and context.model_state.latent_hw == (16, 16) and context.model_state.kept
+    tp.new_generation(unet)
+    assert context.model_state.latent_hw is None and context.model_state.kept == {}
+    assert all(block.metric is None and block.merge is None for block in context.blocks)
 
 
 def test_removal_keeps_a_registry_that_was_there_before(unet):
@@ -152,7 +151,8 @@ def test_removal_keeps_a_registry_that_was_there_before(unet):
     baseline = run_unet(unet, *inputs)
     registry = HookRegistry.check_if_exists_or_initialize(unet)
     tp.apply_tome(unet)
-    assert unet._diffusers_hook is registry
+    assert unet._diffusers_hook is registry and registry.hooks == {}
+    assert not torch.equal(run_unet(unet, *inputs), baseline)
     tp.remove_tome(unet)
     assert unet._diffusers_hook is registry and registry.hooks == {}
     assert "forward" not in vars(unet) and torch.equal(run_unet(unet, *inputs), baseline)

@@ -141,6 +141,37 @@ def test_feature_and_tome_in_either_order(feature, tmp_path, monkeypatch, fake_x
             assert np.array_equal(generate(pipe, args), generate(plain, args))
 
 
+@pytest.mark.parametrize("how", ["apply_tome(pipe)", "apply_tome(unet)", "set_attn_processor"])
+def test_xformers_in_either_order_with_tome_on_the_model(how, tmp_path, monkeypatch, fake_xformers):
+    def tome_on(pipe):
+        if how == "apply_tome(pipe)":
+            tp.apply_tome(pipe, ratio=0.5)
+        elif how == "apply_tome(unet)":
+            tp.apply_tome(pipe.unet, ratio=0.5)
+        else:  # attached at the first forward
+            pipe.unet.set_attn_processor(ToMeProcessor(ratio=0.5))
+            generate(pipe, args)
+
+    first, args = make_pipeline("sd", tmp_path / "a")
+    xformers_on(first, monkeypatch)
+    tome_on(first)
+    xformers_then_tome = generate(first, args)
+    other, _ = make_pipeline("sd", tmp_path / "b")
+    tome_on(other)
+    xformers_on(other, monkeypatch)  # the pipeline walks every attention module's own switch
+    assert tp.is_tome_applied(other) and inner_types(other.unet) == {XFormersAttnProcessor}
+    calls = fake_xformers.calls
+    # (`set_attn_processor(ToMeProcessor())` after xFormers replaces it by the model's own SDPA processor.)
+    np.testing.assert_allclose(generate(other, args), xformers_then_tome, atol=1e-5)
+    assert fake_xformers.calls > calls
+    plain, _ = make_pipeline("sd", tmp_path / "c")
+    xformers_on(plain, monkeypatch)
+    assert not np.allclose(generate(plain, args), xformers_then_tome, atol=1e-5)  # ToMe merges
+    tp.remove_tome(other)
+    assert hooks_left(other.unet) == 0
+    assert {type(p) for p in other.unet.attn_processors.values()} == {XFormersAttnProcessor}
+
+
 def test_xformers_is_refused_without_cuda_and_tome_stays(sd):
     pipe, args = sd
     tp.enable_tome(pipe, ratio=0.5)

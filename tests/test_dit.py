@@ -30,6 +30,7 @@ from tome_processors.merge import bipartite_soft_matching_2d, grid_partition
 from tome_processors.pipeline import disable_tome, enable_tome, tome_config_of
 
 from leftovers import hooks_left, tome_attributes_left
+from pipelines import family_pipeline
 
 TEXT_DIM, TEXT_LEN, POOLED_DIM = 12, 5, 10
 
@@ -470,16 +471,23 @@ def test_bench_rows_for_transformer_architectures(arch, tmp_path, capsys):
         assert "left out" in capsys.readouterr().err
 
 
-def test_flux_pipelines_reset_the_context_at_the_end_of_a_call():
-    model, inputs = tiny_flux(), flux_inputs()
-    tp.apply_tome(model, recompute_every=2)
-    run(model, inputs)
+def test_flux_pipelines_reset_the_context_at_the_end_of_a_call(tmp_path):
+    pipe, args = family_pipeline("flux", tmp_path)
+    tp.apply_tome(pipe, recompute_every=2)
+    model = pipe.transformer
     state = context_of(model).model_state
-    assert state.latent_hw == (6, 8) and state.kept
-    model._reset_stateful_cache()  # what `DiffusionPipeline.maybe_free_model_hooks()` calls on it
+    seen = []
+    handle = model.register_forward_hook(lambda *_: seen.append((state.latent_hw, bool(state.kept))))
+    pipe(**args, num_inference_steps=2, generator=torch.Generator().manual_seed(0))
+    assert seen and all(hw is not None and kept for hw, kept in seen)  # merged during the call
+    # Every call ends with `maybe_free_model_hooks()`, which ToMe's pipeline watch follows.
     assert state.latent_hw is None and state.kept == {} and state.step == 0
-    tp.remove_tome(model)
-    assert hooks_left(model) == 0
+    assert context_of(model).grid_hint is None
+    tp.remove_tome(pipe)
+    handle.remove()
+    # diffusers' own pipeline call leaves a hook registry on the transformer: count torch hooks only.
+    assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules()) == 0
+    assert tome_attributes_left(model) == [] and "maybe_free_model_hooks" not in vars(pipe)
 
 
 def test_flux_under_inference_mode_with_inference_tensors():

@@ -8,7 +8,7 @@ Example:
 
 from .apply import apply_tome, is_tome_applied, new_generation, remove_tome
 from .config import ToMeConfig
-from .hooks import set_timestep_schedule
+from .hooks import set_timestep_schedule, set_token_grid
 from .pipeline import ToMeMixin, disable_tome, enable_tome, patch_pipelines, unpatch_pipelines
 from .processor import ToMeProcessor
 
@@ -27,5 +27,6 @@ __all__ = [
     "patch_pipelines",
     "remove_tome",
     "set_timestep_schedule",
+    "set_token_grid",
     "unpatch_pipelines",
 ]

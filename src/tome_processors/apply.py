@@ -136,12 +136,13 @@ def apply_tome(
         family.check_config(model, model_config)
         plans.append((model, family, model_config))
     for model, family, model_config in plans:
-        warn_if_merges_nothing(model, model_config, stacklevel=2)
+        warn_if_merges_nothing(model, model_config, stacklevel=2, family=family)
         remove_tome(model)
         inners = [(attn, inner_processor(model, attn, family)) for attn in attention_modules(model)]
         context = install(model, model_config, family, ToMeProcessor)
         for attn, inner in inners:
             attn.set_processor(ToMeProcessor(inner, model_config))
+        context.keeper.install()  # ToMe stays on through fusing, IP-Adapter loading, ... (keeper.py)
         logger.debug("ToMe applied to %s: %d blocks", type(model).__name__, len(context.blocks))
     if not isinstance(model_or_pipeline, torch.nn.Module):  # `ratio_start` finds its timesteps on the host
         watch_schedule(model_or_pipeline, models)
@@ -168,8 +169,18 @@ def remove_tome(model_or_pipeline: T) -> T:
 
 
 def is_tome_applied(model_or_pipeline: Any) -> bool:
-    """Whether ToMe's merge context is installed on the model (or the pipeline's denoiser)."""
-    return any(context_of(m) is not None for m in target_models(model_or_pipeline))
+    """Whether ToMe is on the model (or the pipeline's denoiser): its merge context is installed and some
+    attention module still holds a ToMe processor (after `set_attn_processor(AttnProcessor2_0())` it is off).
+
+    Example:
+        >>> tome_processors.is_tome_applied(pipe)  # doctest: +SKIP
+        False
+    """
+    for model in target_models(model_or_pipeline):
+        context = context_of(model)
+        if context is not None and context.holds_processor():
+            return True
+    return False
 
 
 def new_generation(model_or_pipeline: Any) -> None:

@@ -110,7 +110,7 @@ def _attach(attn: torch.nn.Module, config: ToMeConfig, processor_type: type, cal
             warnings.warn(
                 f"ToMe mode={config.mode!r} merges nothing on {type(model).__name__}; use mode='merge'.", stacklevel=5
             )
-        warn_if_merges_nothing(model, config, stacklevel=5)
+        warn_if_merges_nothing(model, config, stacklevel=5, family=family)
         context = install(model, config, family, processor_type)
         # This forward's pre-hooks ran before the hooks existed: start its context from the calls themselves.
         context.begin(model, args, kwargs)

@@ -107,6 +107,13 @@ class ModelState:
     # its storage's address while it is compared with.
     _generation: torch.Tensor | None = None
 
+    def __getstate__(self) -> dict:
+        # A copy (`copy.deepcopy`, `pickle`) starts with no generation and empty caches: they hold the
+        # last forward's tensors and weak references, and fill again at the copy's first forward.
+        fresh = ModelState(self.config, self.auto_downsample, self.needs_row_token, self.rotary, self.masks_text_only)
+        fresh.num_blocks = self.num_blocks
+        return dict(vars(fresh))
+
     def reset(self) -> None:
         """Forget the current generation: the next forward is its first step."""
         self.latent_hw = None
@@ -336,6 +343,9 @@ class BlockState:
 
     def __post_init__(self) -> None:
         self.model.num_blocks = max(self.model.num_blocks, self.index + 1)
+
+    def __getstate__(self) -> dict:  # a copy holds no forward's tensors (see `ModelState.__getstate__`)
+        return {"model": self.model, "index": self.index}
 
     def reset(self) -> None:
         self.metric = None

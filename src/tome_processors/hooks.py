@@ -6,19 +6,14 @@ model pre-hook (token grid, timestep) -> block pre-hook (raw block input = the m
 processors and feed-forward hooks (merge, run, unmerge) -> block post-hook (clear).
 No forward is copied and no class is swapped; removing the hooks restores the model.
 
-Two kinds of hook, each where it serves:
-
-- The forward path uses plain torch module hooks. They compose with anything else that rewrites
-  a module's `forward`: accelerate's model offload takes its hook off and puts it back after every
-  pipeline call, restoring the `forward` it saw first, which silently drops a diffusers
-  `HookRegistry` wrapper installed after it (checked: such a hook ran in the first pipeline call
-  only). Post-hooks with `always_call=True` clear a block's tensors even when the block raises.
-- One named, stateful diffusers `ModelHook` on the model holds the `ModelHooks` (no attribute of
-  our own on the model) and gets diffusers' reset: pipelines end `__call__` with
-  `maybe_free_model_hooks()`, which resets the denoisers that have `_reset_stateful_cache` (Flux's).
-  Nothing depends on that end: a generation's start is seen by the model pre-hook (a new generation
-  marker, `Family.generation_marker`) and by the pipeline's `progress_bar` (`watch_schedule`).
-  Its forward wrapper does nothing, so losing it to a rewrite of `forward` costs nothing.
+All of it runs on plain torch module hooks, which compose with anything else that rewrites a
+module's `forward` (accelerate's offload puts its own `forward` back after every pipeline call). The
+hooks are small objects rather than closures, and the model's pre-hook holds the `ModelHooks`
+(`context_of` finds it there, no attribute of our own on the model): `copy.deepcopy` of a model with
+ToMe gives a model with ToMe of its own (its hooks see the copy's blocks), and `pickle` / `torch.save`
+store it. A diffusers `HookRegistry` entry could not do that: it replaces `forward` with a function
+bound to the original module, which a copy would keep calling. Post-hooks with `always_call=True`
+clear a block's tensors even when the block raises.
 
 The model pre-hook also stands the context down: when no attention module of the model holds a
 ToMe processor any more (`model.set_attn_processor(AttnProcessor2_0())` after ToMe), it removes
@@ -34,7 +29,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from diffusers.hooks import HookRegistry, ModelHook
 from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_processor import Attention
 from diffusers.utils.torch_utils import unwrap_module
@@ -44,14 +38,10 @@ from .arguments import argument
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot, BlockState, HostSchedule, ModelState
 from .families import BlockSite, Family, Span, attention_levels, class_default_processor, family_of
+from .keeper import ProcessorKeeper, all_unwrapped
 from .merge import release_buffers
 
 logger = logging.getLogger(__name__)
-
-#: Name of ToMe's hook in the model's diffusers `HookRegistry`.
-HOOK_NAME = "tome"
-_REGISTRY_ATTR = "_diffusers_hook"  # where diffusers keeps a module's `HookRegistry`
-_MISSING = object()
 
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -60,12 +50,24 @@ def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, (Attention, AttentionModuleMixin)) and hasattr(m, "processor")]
 
 
-def warn_if_merges_nothing(model: torch.nn.Module, config: ToMeConfig, stacklevel: int) -> None:
-    """Warn when `config` cannot merge anything on `model` (its levels are skipped, or every merge is off)."""
-    levels = attention_levels(model)
-    if config.max_downsample != "auto" and levels and config.max_downsample < min(levels):
+def warn_if_merges_nothing(
+    model: torch.nn.Module, config: ToMeConfig, stacklevel: int, family: Family | None = None
+) -> None:
+    """Warn when `config` cannot merge anything on `model` (its levels are skipped, or every merge is off),
+    and for each option that has no effect on the model's family."""
+    family = family or family_of(model)
+    name = type(model).__name__
+    levels = attention_levels(model) or [1]  # a transformer's blocks all sit at the latent's grid
+    if config.level_ratios is not None and not any(config.level_ratio(level, 1) > 0 for level in levels):
         warnings.warn(
-            f"ToMe with max_downsample={config.max_downsample} merges nothing on {type(model).__name__}: its "
+            f"ToMe with level_ratios={dict(config.level_ratios)} merges nothing on {name}: its attention sits at "
+            f"downsample level(s) {levels}. Give a ratio for one of them, e.g. level_ratios={{{levels[0]}: 0.5}}.",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
+    elif config.level_ratios is None and config.max_downsample != "auto" and config.max_downsample < min(levels):
+        warnings.warn(
+            f"ToMe with max_downsample={config.max_downsample} merges nothing on {name}: its "
             f"attention starts at downsample {min(levels)}. Use max_downsample='auto' or >= {min(levels)}.",
             UserWarning,
             stacklevel=stacklevel + 1,
@@ -73,6 +75,13 @@ def warn_if_merges_nothing(model: torch.nn.Module, config: ToMeConfig, stackleve
     elif config.ratio == 0 or not (config.merge_attn or config.merge_crossattn or config.merge_mlp):
         warnings.warn(
             "ToMe with this configuration merges nothing (ratio 0 or every merge flag off).", stacklevel=stacklevel + 1
+        )
+    if config.merge_crossattn and not any(a.is_cross for site in family.blocks(model) for a in site.attentions):
+        warnings.warn(
+            f"ToMe's merge_crossattn=True has no effect on {name}: it has no cross-attention over image tokens "
+            "(its text and image tokens meet in joint attention, which merge_attn covers).",
+            UserWarning,
+            stacklevel=stacklevel + 1,
         )
 
 
@@ -90,7 +99,8 @@ class ModelHooks:
         slotted: the attention modules given an `AttentionSlot`.
     """
 
-    def __init__(self, model_state: ModelState, family: Family, processor_type: type) -> None:
+    def __init__(self, model: torch.nn.Module, model_state: ModelState, family: Family, processor_type: type) -> None:
+        self.model = model
         self.model_state = model_state
         self.family = family
         self.processor_type = processor_type
@@ -99,14 +109,24 @@ class ModelHooks:
         self.watched: list[torch.nn.Module] = []
         self.slotted: list[torch.nn.Module] = []
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
-        self.hook: _ContextHook | None = None
-        self.created_registry = False
+        #: Keeps the processors wrapped through diffusers' own processor swaps (fusing, IP-Adapter loading, ...).
+        self.keeper: ProcessorKeeper | None = None
         self.schedule: HostSchedule | None = None  # this generation's timesteps, for `ratio_start`
+        self.warned_small_grid = False
+        #: The generation's token grid as its pipeline made it (`prepare_latents`), for a compiled forward.
+        self.grid_hint: tuple[int, int] | None = None
+
+    def __getstate__(self) -> dict:
+        # A copy starts a generation of its own: the schedule (held for one pipeline call) stays behind.
+        return {**vars(self), "schedule": None, "grid_hint": None}
 
     def begin(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """Start a forward of `model` called with `args` / `kwargs`: its token grid and timestep."""
         family, state = self.family, self.model_state
-        grid = family.token_grid(model, args, kwargs)  # None where the call gives no grid (each family checks)
+        if self.grid_hint is not None and is_compiling():
+            grid = family.hinted_grid(model, args, kwargs, self.grid_hint)
+        else:
+            grid = family.token_grid(model, args, kwargs)  # None where the call gives no grid (each family checks)
         if grid is None:
             state.reset()
             return
@@ -118,7 +138,29 @@ class ModelHooks:
         marker = family.generation_marker(args, kwargs) if state.config.recompute_every > 1 else None
         # A video family's grid is `(frames, h, w)`.
         frames = grid[0] if len(grid) == 3 else 1
+        if not self.warned_small_grid and not is_compiling():
+            self._warn_if_too_small(model, grid[-2:], frames)
         state.begin(grid[-2:], family.timestep(args, kwargs), value, marker, frames)
+
+    def _warn_if_too_small(self, model: torch.nn.Module, grid: tuple[int, int], frames: int) -> None:
+        config = self.model_state.config
+        (h, w), too_small = grid, []
+        if h // config.sy == 0 or w // config.sx == 0:
+            too_small.append(f"its {h}x{w} token grid has no whole {config.sy}x{config.sx} (sy x sx) window")
+        if config.st > 1 and frames // config.st == 0:
+            too_small.append(f"its {frames} frame(s) make no window of st={config.st} frames")
+        if too_small and config.ratio > 0:
+            self.warned_small_grid = True
+            warnings.warn(
+                f"ToMe merges nothing in this {type(model).__name__} forward: {'; '.join(too_small)}. Smaller "
+                "windows (sx, sy, st) merge such inputs. (Said once per model.)",
+                UserWarning,
+                stacklevel=4,
+            )
+
+    def inner_of(self, attn: torch.nn.Module, processor: Any) -> Any:
+        """What `processor`, a ToMe processor on `attn`, runs: its inner one, or the one `attn` is built with."""
+        return processor.built_inner(attn, self.family.built_processor(self.model, attn))
 
     def block_of(self, module: torch.nn.Module) -> BlockState | None:
         for block_module, block in zip(self.block_modules, self.blocks, strict=True):
@@ -135,13 +177,15 @@ class ModelHooks:
     def reset(self) -> None:
         """Forget the current generation: token grid, step count, kept merges, block inputs, timesteps."""
         self.schedule = None
+        self.grid_hint = None
         self.model_state.reset()
         for block in self.blocks:
             block.reset()
 
     def remove(self, model: torch.nn.Module) -> None:
-        """Take away every hook, slot and registry entry ToMe added to `model`."""
-        model = unwrap_module(model)  # hooks and registry sit on the module `torch.compile` wraps
+        """Take away every hook, slot and wrapped method ToMe added to `model`."""
+        if self.keeper is not None:
+            self.keeper.uninstall()
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
@@ -150,9 +194,6 @@ class ModelHooks:
                 delattr(attn, SLOT_ATTR)
         self.slotted.clear()
         self.reset()
-        if self.hook is not None:
-            _unregister(model, self.hook, self.created_registry)
-            self.hook = None
         release_buffers()  # the merges' zero tensors (device memory); another model's merges make theirs again
 
     def stand_down(self, model: torch.nn.Module) -> None:
@@ -164,59 +205,80 @@ class ModelHooks:
         logger.debug("ToMe stood down on %s: no attention module holds a ToMe processor", type(model).__name__)
 
 
-class _ContextHook(ModelHook):
-    """ToMe's entry in the model's `HookRegistry`: holds the context; resets it between generations."""
+class _ModelPreHook:
+    """The model's forward pre-hook; holds the context, so `context_of` finds it among the model's hooks.
 
-    _is_stateful = True
+    Hooks are objects, not closures: `copy.deepcopy` copies them with the model (their references to the
+    model's modules become the copy's), and `pickle` / `torch.save` can store them.
+    """
 
     def __init__(self, context: ModelHooks) -> None:
-        super().__init__()
         self.context = context
-        self.wrapper: Any = None  # the `forward` the registry set on the model
 
-    def reset_state(self, module: torch.nn.Module) -> torch.nn.Module:
-        self.context.reset()
-        return module
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        context = self.context
+        if not context.holds_processor():
+            context.stand_down(module)
+            return
+        context.begin(module, args, kwargs)
 
 
-def _registry(model: torch.nn.Module) -> HookRegistry | None:
-    registry = getattr(model, _REGISTRY_ATTR, None)  # getattr: reaches through torch.compile's wrapper
-    return registry if isinstance(registry, HookRegistry) else None
+class _BlockPreHook:
+    def __init__(self, block_state: BlockState, site: BlockSite | None) -> None:
+        self.block_state = block_state
+        self.site = site  # only where the block's input holds other tokens than the grid's
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        enter_block(self.block_state, args, kwargs, self.site)
+
+
+class _BlockPostHook:
+    def __init__(self, block_state: BlockState) -> None:
+        self.block_state = block_state
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        self.block_state.reset()
+
+
+class _FeedForwardPreHook:
+    """Merges the feed-forward's input with its block's merge (`merge_mlp`); the feed-forward is no attention module."""
+
+    def __init__(self, block_state: BlockState, config: ToMeConfig) -> None:
+        self.block_state = block_state
+        self.config = config
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        block_state = self.block_state
+        block_state.ff_merge = None
+        hidden_states = argument(args, kwargs, 0, "hidden_states")
+        merge = block_state.merge_for(self.config, text=None)  # the attention's merge, whatever its positions
+        # Chunked feed-forward (set_chunk_feed_forward) sees slices: leave those alone.
+        if merge is None or not isinstance(hidden_states, torch.Tensor) or hidden_states.ndim != 3:
+            return None
+        if (merge.batch, merge.num_tokens) != tuple(hidden_states.shape[:2]):
+            return None
+        block_state.ff_merge = merge
+        merged = merge.merge(hidden_states)
+        if args:
+            return (merged, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": merged}
+
+
+class _FeedForwardPostHook:
+    def __init__(self, block_state: BlockState) -> None:
+        self.block_state = block_state
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        merge, self.block_state.ff_merge = self.block_state.ff_merge, None
+        if merge is None or not isinstance(output, torch.Tensor):  # output is None after an exception
+            return None
+        return merge.unmerge(output)
 
 
 def context_of(model: torch.nn.Module) -> ModelHooks | None:
-    """The `ModelHooks` installed on `model`, or None."""
-    registry = _registry(model)
-    hook = registry.get_hook(HOOK_NAME) if registry is not None else None
-    return hook.context if isinstance(hook, _ContextHook) else None
-
-
-def _register(model: torch.nn.Module, context: ModelHooks) -> None:
-    context.created_registry = _REGISTRY_ATTR not in model.__dict__
-    hook = _ContextHook(context)
-    HookRegistry.check_if_exists_or_initialize(model).register_hook(hook, HOOK_NAME)
-    hook.wrapper = model.__dict__.get("forward")
-    context.hook = hook
-
-
-def _unregister(model: torch.nn.Module, hook: _ContextHook, created_registry: bool) -> None:
-    registry = model.__dict__.get(_REGISTRY_ATTR)
-    if not isinstance(registry, HookRegistry) or registry.get_hook(HOOK_NAME) is not hook:
-        return
-    current = model.__dict__.get("forward", _MISSING)
-    registry.remove_hook(HOOK_NAME, recurse=False)
-    if current is not hook.wrapper:
-        # Something rewrote `forward` after us (accelerate's offload): the registry would put back
-        # what it saw at registration, so keep what is there now.
-        if current is _MISSING:
-            model.__dict__.pop("forward", None)
-        else:
-            model.__dict__["forward"] = current
-    restored = model.__dict__.get("forward")
-    if getattr(restored, "__self__", None) is model and getattr(restored, "__func__", None) is type(model).forward:
-        del model.__dict__["forward"]  # the registry leaves the class's own forward as an instance attribute
-    if created_registry and not registry.hooks:
-        del model.__dict__[_REGISTRY_ATTR]
+    """The `ModelHooks` installed on `model` (or on the module `torch.compile` wraps), or None."""
+    hooks = getattr(unwrap_module(model), "_forward_pre_hooks", None) or {}
+    return next((hook.context for hook in hooks.values() if isinstance(hook, _ModelPreHook)), None)
 
 
 def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, processor_type: type) -> ModelHooks:
@@ -234,22 +296,16 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
         rotary=family.rotary,
         masks_text_only=family.masks_text_only,
     )
-    context = ModelHooks(state, family, processor_type)
+    context = ModelHooks(model, state, family, processor_type)
     context.watched = attention_modules(model)
-
-    def model_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if not context.holds_processor():
-            context.stand_down(module)
-            return
-        context.begin(module, args, kwargs)
-
-    context.handles.append(model.register_forward_pre_hook(model_pre_hook, with_kwargs=True))
+    context.keeper = ProcessorKeeper(model, context.watched, processor_type, config, context.inner_of)
+    context.handles.append(model.register_forward_pre_hook(_ModelPreHook(context), with_kwargs=True))
     for index, site in enumerate(family.blocks(model)):
         block_state = BlockState(state, index)
         context.blocks.append(block_state)
         context.block_modules.append(site.module)
         _install_block(context, site, block_state, config)
-    _register(model, context)
+    context.keeper.install()
     logger.debug("ToMe hooks on %s (%s): %d blocks", type(model).__name__, family.name, len(context.blocks))
     return context
 
@@ -271,17 +327,10 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
 
 
 def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState, config: ToMeConfig) -> None:
-    span_site = site if site.span is not Span.WHOLE else None
-
-    def block_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        enter_block(block_state, args, kwargs, span_site)
-
-    def block_post_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        block_state.reset()
-
     block = site.module
-    context.handles.append(block.register_forward_pre_hook(block_pre_hook, with_kwargs=True))
-    context.handles.append(block.register_forward_hook(block_post_hook, with_kwargs=True, always_call=True))
+    span_site = site if site.span is not Span.WHOLE else None
+    context.handles.append(block.register_forward_pre_hook(_BlockPreHook(block_state, span_site), with_kwargs=True))
+    context.handles.append(block.register_forward_hook(_BlockPostHook(block_state), with_kwargs=True, always_call=True))
 
     for attention in site.attentions:
         built_with = attention.built_with or context.family.built_with or class_default_processor(attention.module)
@@ -297,36 +346,11 @@ def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState
         context.slotted.append(attention.module)
 
     if config.merge_mlp and site.feed_forward is not None:
-        _install_feed_forward(context, site.feed_forward, block_state, config)
-
-
-def _install_feed_forward(
-    context: ModelHooks, ff: torch.nn.Module, block_state: BlockState, config: ToMeConfig
-) -> None:
-    # The feed-forward is no attention module, so it gets a pre-hook (merge) and a hook (unmerge).
-    def ff_pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-        block_state.ff_merge = None
-        hidden_states = argument(args, kwargs, 0, "hidden_states")
-        merge = block_state.merge_for(config, text=None)  # the attention's merge, whatever its positions
-        # Chunked feed-forward (set_chunk_feed_forward) sees slices: leave those alone.
-        if merge is None or not isinstance(hidden_states, torch.Tensor) or hidden_states.ndim != 3:
-            return None
-        if (merge.batch, merge.num_tokens) != tuple(hidden_states.shape[:2]):
-            return None
-        block_state.ff_merge = merge
-        merged = merge.merge(hidden_states)
-        if args:
-            return (merged, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": merged}
-
-    def ff_post_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        merge, block_state.ff_merge = block_state.ff_merge, None
-        if merge is None or not isinstance(output, torch.Tensor):  # output is None after an exception
-            return None
-        return merge.unmerge(output)
-
-    context.handles.append(ff.register_forward_pre_hook(ff_pre_hook, with_kwargs=True))
-    context.handles.append(ff.register_forward_hook(ff_post_hook, with_kwargs=True, always_call=True))
+        ff = site.feed_forward
+        context.handles.append(ff.register_forward_pre_hook(_FeedForwardPreHook(block_state, config), with_kwargs=True))
+        context.handles.append(
+            ff.register_forward_hook(_FeedForwardPostHook(block_state), with_kwargs=True, always_call=True)
+        )
 
 
 def set_timestep_schedule(model: torch.nn.Module, timesteps: torch.Tensor | None) -> None:
@@ -358,53 +382,131 @@ def set_timestep_schedule(model: torch.nn.Module, timesteps: torch.Tensor | None
     context.schedule = schedule
 
 
-#: Marks the `progress_bar` that `watch_schedule` put on a pipeline (and holds what it replaced).
-_WATCHING = "_tome_replaced"
+def set_token_grid(model: torch.nn.Module, grid: tuple[int, int] | None) -> None:
+    """Tell ToMe on a compiled FLUX-like model (FLUX.1, FLUX.2, Chroma) the token grid of the coming forwards.
+
+    These models get their grid only as the values of `img_ids`, which a compiled graph cannot read: without
+    this, a compiled forward reads them outside the graph (one graph break, so `fullgraph=True` fails).
+    Pipelines with ToMe applied (`apply_tome(pipe)`, `pipe.enable_tome()`) note the grid themselves in every
+    call. The grid holds for forwards with `h * w` image tokens until the next generation (`new_generation`,
+    a pipeline call's end); eager forwards read `img_ids` as always.
+
+    Args:
+        model: a model with ToMe applied.
+        grid: `(h, w)` image tokens (the latent's size over 2 on FLUX.1), or None to forget it.
+
+    Example:
+        >>> tome_processors.set_token_grid(transformer, (64, 48))  # 1024 x 768 px on FLUX.1  # doctest: +SKIP
+        >>> compiled = torch.compile(transformer, fullgraph=True)  # doctest: +SKIP
+    """
+    context = context_of(model)
+    if context is None:
+        raise ValueError(f"Expected a model with ToMe applied, but got {type(model).__name__} without it.")
+    if grid is not None:
+        if not (isinstance(grid, tuple) and len(grid) == 2 and all(isinstance(v, int) and v > 0 for v in grid)):
+            raise ValueError(f"Expected grid to be (h, w), two positive ints, or None, but got {grid!r}.")
+    context.grid_hint = grid
+
+
+class _PipelineWatch:
+    """One pipeline method wrapped on the instance by `watch_schedule`: `before` / `after` it, or `around` it."""
+
+    def __init__(self, method: Any, own: Any, before: Any = None, after: Any = None, around: Any = None) -> None:
+        self.method = method
+        self.own = own  # an instance attribute there before us, put back by `unwatch_schedule`
+        self.before = before
+        self.after = after
+        self.around = around
+        functools.update_wrapper(self, method)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.before is not None:
+            self.before()
+        if self.around is not None:
+            with self.around():
+                result = self.method(*args, **kwargs)
+        else:
+            result = self.method(*args, **kwargs)
+        if self.after is not None:
+            self.after(result)
+        return result
+
+
+#: Pipeline methods that replace or read the processors of its models by class without going through a
+#: model method (the xFormers switch walks every submodule itself after the model's own method returned).
+_PROCESSOR_METHODS = ("unload_ip_adapter", "set_ip_adapter_scale", "set_use_memory_efficient_attention_xformers")
 
 
 def watch_schedule(pipeline: Any, models: Sequence[torch.nn.Module]) -> None:
-    """Start a new generation on `models` at the start of every denoising loop of `pipeline`.
+    """Follow the generations of `pipeline` for ToMe on `models`, through methods every pipeline calls.
 
-    Every diffusers pipeline opens its denoising loop with `self.progress_bar(...)`, after
-    `scheduler.set_timesteps` (and img2img's `set_begin_index`): wrapped on the instance, it resets the
-    state ToMe keeps across steps (`recompute_every`) there, however the last call ended (a callback or
-    `KeyboardInterrupt` that stopped it midway), and for the models whose configuration has
-    `ratio_start` copies `pipeline.scheduler.timesteps` to the host, once per generation and outside any
-    forward. Watching again replaces an earlier watch; without a model with ToMe nothing is wrapped.
+    - `progress_bar(...)`, which every diffusers pipeline opens its denoising loop with, after
+      `scheduler.set_timesteps` (and img2img's `set_begin_index`): a new generation starts there, however
+      the last call ended (a callback or `KeyboardInterrupt` that stopped it midway); for the models whose
+      configuration has `ratio_start`, `pipeline.scheduler.timesteps` are copied to the host, once per
+      generation and outside any forward.
+    - `prepare_latents(...)`: the Flux-like pipelines return the generation's `img_ids` from it. Their grid
+      is read there, on the host, once per generation, for a compiled model (a traced graph cannot read it).
+    - `maybe_free_model_hooks()`, which every `__call__` ends with: the state is reset (kept merges go).
+    - the pipeline's own processor switches (`_PROCESSOR_METHODS`) run with the models' plain processors in
+      place, and ToMe wraps what they set afterwards (`keeper.py`).
+
+    Watching again replaces an earlier watch; without a model with ToMe nothing is wrapped.
     """
     unwatch_schedule(pipeline)
     models = list(models)
-    original = getattr(pipeline, "progress_bar", None)
-    if not callable(original) or all(context_of(model) is None for model in models):
+    if all(context_of(model) is None for model in models):
         return
-    own = pipeline.__dict__.get("progress_bar")  # an instance attribute there before us, put back after
-
-    @functools.wraps(original)
-    def progress_bar(*args: Any, **kwargs: Any) -> Any:
-        _start_generation(pipeline, models)
-        return original(*args, **kwargs)
-
-    setattr(progress_bar, _WATCHING, (own,))
-    object.__setattr__(pipeline, "progress_bar", progress_bar)
+    watches: dict[str, dict[str, Any]] = {
+        "progress_bar": dict(before=functools.partial(_start_generation, pipeline, models)),
+        "prepare_latents": dict(after=functools.partial(_note_grid, models)),
+        "maybe_free_model_hooks": dict(after=functools.partial(_end_generation, models)),
+    }
+    watches.update({name: dict(around=functools.partial(_models_unwrapped, models)) for name in _PROCESSOR_METHODS})
+    for name, hooks in watches.items():
+        original = getattr(pipeline, name, None)
+        if callable(original):
+            object.__setattr__(pipeline, name, _PipelineWatch(original, pipeline.__dict__.get(name), **hooks))
 
 
 def unwatch_schedule(pipeline: Any) -> None:
     """Undo `watch_schedule` (nothing when the pipeline is not watched)."""
-    wrapper = getattr(pipeline, "__dict__", {}).get("progress_bar")
-    watched = getattr(wrapper, _WATCHING, None)
-    if watched is None:
+    for name, wrapper in list(getattr(pipeline, "__dict__", {}).items()):
+        if isinstance(wrapper, _PipelineWatch):
+            if wrapper.own is None:
+                del pipeline.__dict__[name]
+            else:
+                pipeline.__dict__[name] = wrapper.own
+
+
+def _models_unwrapped(models: list[torch.nn.Module]) -> Any:
+    contexts = [context_of(model) for model in models]
+    return all_unwrapped([c.keeper for c in contexts if c is not None and c.keeper is not None and c.keeper.installed])
+
+
+def _end_generation(models: list[torch.nn.Module], result: Any = None) -> None:
+    for context in map(context_of, models):
+        if context is not None:
+            context.reset()
+
+
+def _note_grid(models: list[torch.nn.Module], result: Any) -> None:
+    contexts = [c for c in map(context_of, models) if c is not None and hasattr(c.family, "grid_of_ids")]
+    if not contexts:
         return
-    (own,) = watched
-    if own is None:
-        del pipeline.__dict__["progress_bar"]
-    else:
-        pipeline.__dict__["progress_bar"] = own
+    for tensor in result if isinstance(result, tuple) else (result,):
+        for context in contexts:
+            grid = context.family.grid_of_ids(tensor)
+            if grid is not None:
+                context.grid_hint = grid
 
 
 def _start_generation(pipeline: Any, models: list[torch.nn.Module]) -> None:
     contexts = [c for c in map(context_of, models) if c is not None]
     for context in contexts:
+        hint = context.grid_hint  # noted by this call's `prepare_latents`, which runs before the loop
         context.reset()
+        context.grid_hint = hint
     contexts = [c for c in contexts if c.model_state.config.ratio_start is not None]
     if not contexts:
         return

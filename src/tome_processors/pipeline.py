@@ -1,14 +1,11 @@
 """`pipe.enable_tome()` / `pipe.disable_tome()` and keeping ToMe on while diffusers replaces processors.
 
 Many diffusers APIs replace every attention processor (xFormers, attention slicing, fused QKV,
-IP-Adapter, `set_default_attn_processor`) or inspect the current ones by class before doing so. A
-wrapper processor would be dropped by the first kind and would mislead the second. So while ToMe is
-enabled through a pipeline, a `_Keeper` watches each merged model:
+IP-Adapter, `set_default_attn_processor`) or inspect the current ones by class before doing so. ToMe's
+`ProcessorKeeper` (keeper.py) keeps every merged model wrapped through the model's methods for that
+under `apply_tome` too; `enable_tome` asks it to keep everything (`keep_all`):
 
-- the model's processor-setting methods (`set_attn_processor`, `set_default_attn_processor`,
-  `fuse_qkv_projections`, ...) are wrapped on the instance, like accelerate wraps `forward`: during
-  the call the model holds its plain inner processors, so diffusers sees (and keeps) exactly what it
-  would see without ToMe; afterwards every processor is wrapped again;
+- `set_attn_processor` is wrapped as well, so whatever processor is set, ToMe wraps it;
 - the pipeline's own methods that read the processors directly (`unload_ip_adapter`,
   `set_ip_adapter_scale`, the xFormers switch) get the same treatment;
 - a forward pre-hook re-wraps anything replaced some other way (`attn.processor = ...`).
@@ -19,142 +16,22 @@ hooks and leaves the model bit-identical to never having enabled ToMe.
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from .apply import (
-    apply_tome,
-    denoiser_of,
-    inner_processor,
-    remove_tome,
-    resolve_config,
-    target_models,
-    unwrap_processors,
-)
+from .apply import apply_tome, denoiser_of, remove_tome, resolve_config, target_models
 from .config import Preset, ToMeConfig
-from .hooks import attention_modules, context_of, unwatch_schedule, watch_schedule
+from .hooks import context_of, unwatch_schedule, watch_schedule
 from .processor import ToMeProcessor
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["ToMeMixin", "disable_tome", "enable_tome", "patch_pipelines", "unpatch_pipelines"]
 
-#: Instance attribute of a merged model while a pipeline keeps ToMe on it: its `_Keeper`.
-KEEPER_ATTR = "_tome_keeper"
 #: Instance attribute of a pipeline with ToMe enabled: its `_PipelineState`.
 PIPELINE_ATTR = "_tome_pipeline_state"
-
-# Model methods that replace processors or read them by class before replacing them.
-_MODEL_METHODS = (
-    "set_attn_processor",
-    "set_default_attn_processor",
-    "fuse_qkv_projections",
-    "unfuse_qkv_projections",
-    "set_attention_slice",
-    "set_use_memory_efficient_attention_xformers",
-    "_load_ip_adapter_weights",
-)
-# Pipeline methods that read processors by class without going through a model method (the xFormers
-# switch walks every submodule itself, after the model's own method has returned).
-_PIPELINE_METHODS = ("unload_ip_adapter", "set_ip_adapter_scale", "set_use_memory_efficient_attention_xformers")
-# The pipeline method every `__call__` ends with: ToMe's state is reset after it (`_resetting`).
-_END_OF_CALL = "maybe_free_model_hooks"
-
-
-class _Keeper:
-    """Keeps every attention processor of one model wrapped in a `ToMeProcessor` with `config`."""
-
-    def __init__(self, model: torch.nn.Module, config: ToMeConfig) -> None:
-        self.model = model
-        self.config = config
-        self.attentions = attention_modules(model)
-        self.wrappers: list[ToMeProcessor | None] = [None] * len(self.attentions)
-        self.depth = 0
-        self.methods: list[str] = []
-        self.handle: torch.utils.hooks.RemovableHandle | None = None
-
-    def install(self) -> None:
-        for index, attn in enumerate(self.attentions):
-            if isinstance(attn.processor, ToMeProcessor):
-                self.wrappers[index] = attn.processor
-        for name in _MODEL_METHODS:
-            original = getattr(self.model, name, None)
-            if callable(original) and name not in self.model.__dict__:
-                self.model.__dict__[name] = _unwrapping(self, original)
-                self.methods.append(name)
-        # First among the model's pre-hooks: re-wrap before ToMe's own hook checks for ToMe processors.
-        self.handle = self.model.register_forward_pre_hook(self._pre_hook, prepend=True)
-        self.model.__dict__[KEEPER_ATTR] = self
-
-    def uninstall(self) -> None:
-        for name in self.methods:
-            self.model.__dict__.pop(name, None)
-        self.methods.clear()
-        if self.handle is not None:
-            self.handle.remove()
-            self.handle = None
-        self.model.__dict__.pop(KEEPER_ATTR, None)
-
-    @property
-    def active(self) -> bool:
-        return context_of(self.model) is not None
-
-    def is_wrapped(self) -> bool:
-        """Whether every attention module still holds the wrapper this keeper gave it (identity checks only)."""
-        return all(attn.processor is wrapper for attn, wrapper in zip(self.attentions, self.wrappers, strict=True))
-
-    def unwrap(self) -> None:
-        unwrap_processors(self.model)
-
-    def rewrap(self) -> None:
-        if not self.active:  # remove_tome() was called directly: nothing to keep
-            return
-        for index, attn in enumerate(self.attentions):
-            processor = attn.processor
-            if processor is self.wrappers[index]:
-                continue
-            if isinstance(processor, ToMeProcessor):  # its inner one (one made without: the module's own)
-                processor = inner_processor(self.model, attn)
-            previous = self.wrappers[index]
-            if previous is not None and previous.inner is processor:
-                wrapper = previous  # same inner processor: keep the same wrapper object
-            else:
-                wrapper = ToMeProcessor(processor, self.config)
-            self.wrappers[index] = wrapper
-            attn.set_processor(wrapper)
-
-    @contextmanager
-    def unwrapped(self) -> Iterator[None]:
-        """Plain inner processors inside the block, ToMe wrappers again after it (even on error)."""
-        self.depth += 1
-        try:
-            if self.depth == 1:
-                self.unwrap()
-            yield
-        finally:
-            self.depth -= 1
-            if self.depth == 0:
-                self.rewrap()
-
-    def _pre_hook(self, module: torch.nn.Module, args: tuple) -> None:
-        # Identity checks that torch.compile turns into guards it already has; re-wrapping only runs
-        # after something replaced processors behind the wrapped methods' back.
-        if self.depth == 0 and not self.is_wrapped():
-            self.rewrap()
-
-
-def _unwrapping(keeper: _Keeper, method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with keeper.unwrapped():
-            return method(*args, **kwargs)
-
-    return call
 
 
 class _PipelineState:
@@ -163,21 +40,6 @@ class _PipelineState:
     def __init__(self, config: ToMeConfig, models: list[torch.nn.Module]) -> None:
         self.config = config
         self.models = models
-        self.methods: list[str] = []
-
-    @contextmanager
-    def unwrapped(self) -> Iterator[None]:
-        with _all_unwrapped([m.__dict__[KEEPER_ATTR] for m in self.models if KEEPER_ATTR in m.__dict__]):
-            yield
-
-
-@contextmanager
-def _all_unwrapped(keepers: list[_Keeper]) -> Iterator[None]:
-    if not keepers:
-        yield
-        return
-    with keepers[0].unwrapped(), _all_unwrapped(keepers[1:]):
-        yield
 
 
 def _merged_models(pipe: Any, controlnet: bool) -> list[torch.nn.Module]:
@@ -241,57 +103,20 @@ def enable_tome(
         for model, model_config in zip(models, configs, strict=True):
             _forget_model(model)  # enabled earlier through another pipeline sharing it (`from_pipe`)
             apply_tome(model, model_config)
-            _Keeper(model, model_config).install()
+            context_of(model).keeper.install(keep_all=True)  # set_attn_processor too: ToMe stays until disable_tome
     except Exception:
         for model in models:
             _forget_model(model)
         raise
-    state = _PipelineState(config, models)
-    for name in _PIPELINE_METHODS:
-        original = getattr(pipe, name, None)
-        if callable(original) and name not in pipe.__dict__:
-            object.__setattr__(pipe, name, _pipeline_unwrapping(state, original))
-            state.methods.append(name)
-    original = getattr(pipe, _END_OF_CALL, None)
-    if callable(original) and _END_OF_CALL not in pipe.__dict__:
-        object.__setattr__(pipe, _END_OF_CALL, _resetting(state, original))
-        state.methods.append(_END_OF_CALL)
-    object.__setattr__(pipe, PIPELINE_ATTR, state)
-    watch_schedule(pipe, models)  # a new generation at every denoising loop; `ratio_start`: its timesteps
+    object.__setattr__(pipe, PIPELINE_ATTR, _PipelineState(config, models))
+    # A new generation at every denoising loop (`ratio_start`: its timesteps), a reset at every call's end,
+    # the pipeline's own processor switches (xFormers, IP-Adapter scale and unloading).
+    watch_schedule(pipe, models)
     logger.debug("ToMe enabled on %s: %s", type(pipe).__name__, config)
     return pipe
 
 
-def _resetting(state: _PipelineState, method: Callable[..., Any]) -> Callable[..., Any]:
-    # Every pipeline ends `__call__` with `maybe_free_model_hooks()`, which resets the stateful hooks of
-    # only the models that have `_reset_stateful_cache` (not UNets): reset ToMe here too, which lets the
-    # kept merges go between calls. A generation's start does not depend on it (a stopped call never gets
-    # here): the progress_bar wrapper and the model's generation marker start it (docs/guarantees.md).
-    @functools.wraps(method)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        result = method(*args, **kwargs)
-        for model in state.models:
-            context = context_of(model)
-            if context is not None:
-                context.reset()
-        return result
-
-    return call
-
-
-def _pipeline_unwrapping(state: _PipelineState, method: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(method)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with state.unwrapped():
-            return method(*args, **kwargs)
-
-    return call
-
-
 def _forget_model(model: torch.nn.Module) -> None:
-    keeper: _Keeper | None = model.__dict__.get(KEEPER_ATTR)
-    if keeper is not None:
-        keeper.uninstall()
     remove_tome(model)
     # fuse_qkv_projections() saved the processors it replaced: make unfuse restore unwrapped ones.
     saved = getattr(model, "original_attn_processors", None)
@@ -313,8 +138,6 @@ def disable_tome(pipe: Any) -> Any:
     state: _PipelineState | None = pipe.__dict__.get(PIPELINE_ATTR)
     if state is None:
         return pipe
-    for name in state.methods:
-        pipe.__dict__.pop(name, None)
     unwatch_schedule(pipe)
     for model in state.models:
         _forget_model(model)

@@ -36,10 +36,29 @@ class _SignedCall:
 
     def __init__(self, processor: ToMeProcessor, signature: inspect.Signature) -> None:
         self.processor = processor
-        self.__signature__ = signature
+        self.__signature__ = _TraceableSignature(signature)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.processor(*args, **kwargs)
+
+
+class _TraceableSignature(inspect.Signature):
+    """A signature whose `parameters` is a plain dict: torch.compile cannot read a `Signature`'s own
+    mapping proxy once the traced code has mutated any dict (FLUX.1's forward pops from its
+    `joint_attention_kwargs`), and would break the graph at diffusers' keyword filter."""
+
+    __slots__ = ("_plain",)
+
+    def __init__(self, signature: inspect.Signature) -> None:
+        super().__init__(list(signature.parameters.values()), return_annotation=signature.return_annotation)
+        self._plain = dict(signature.parameters)
+
+    @property
+    def parameters(self) -> dict[str, inspect.Parameter]:  # type: ignore[override]
+        return self._plain
+
+    def __reduce__(self) -> tuple:  # pickled as the plain signature it shows
+        return (_TraceableSignature, (inspect.Signature(list(self._plain.values())),))
 
 
 def _inner_signature(inner: Any) -> inspect.Signature:

@@ -261,6 +261,16 @@ class Family:
         """
         return {**self.defaults, **self.presets[name]}
 
+    def hinted_grid(
+        self, model: torch.nn.Module, args: tuple, kwargs: dict, hint: tuple[int, int]
+    ) -> tuple[int, ...] | None:
+        """The token grid of a compiled forward where the pipeline noted the generation's grid (`hint`).
+
+        Only families that read their grid from tensor values (`IdsGridFamily`) use the hint; the others
+        read it from shapes and lists, which a graph holds.
+        """
+        return self.token_grid(model, args, kwargs)
+
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, ...] | None:
         """`(h, w)` image tokens of this forward (`(frames, h, w)` on a video family), or None when the call gives
         no grid."""

@@ -32,6 +32,9 @@ class IdsGridFamily(Family):
         self._last: tuple[weakref.ref, object, int, tuple[int, int] | None] | None = None
         self._warned = False
 
+    def __getstate__(self) -> dict:  # a copy reads its img_ids afresh (the last read holds a weak reference)
+        return {**vars(self), "_last": None}
+
     def generation_marker(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
         """`img_ids`: the Flux pipelines pass `t / 1000` (a new tensor every call) but make `img_ids` once per call."""
         if is_compiling():
@@ -44,29 +47,62 @@ class IdsGridFamily(Family):
         ids = argument(args, kwargs, self.ids_position, "img_ids")
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or not isinstance(ids, torch.Tensor):
             return None
+        if is_compiling():
+            # Reading ids is a host sync that a graph cannot hold: read them outside it (a graph break).
+            return _read_grid_outside_the_graph(self, model, ids, x.shape[1])
+        return self._read_grid(model, ids, int(x.shape[1]))
+
+    def hinted_grid(
+        self, model: torch.nn.Module, args: tuple, kwargs: dict, hint: tuple[int, int]
+    ) -> tuple[int, int] | None:
+        """The pipeline's grid where this forward has its token count (the hint's ints are guarded by a graph)."""
+        x = argument(args, kwargs, 0, "hidden_states")
+        if isinstance(x, torch.Tensor) and x.ndim == 3 and x.shape[1] == hint[0] * hint[1]:
+            return hint
+        return self.token_grid(model, args, kwargs)
+
+    def grid_of_ids(self, ids: object) -> tuple[int, int] | None:
+        """`(h, w)` where `ids` (a pipeline's `img_ids`, one row per image token) number one row-major grid."""
+        if (
+            not isinstance(ids, torch.Tensor)
+            or ids.ndim not in (2, 3)
+            or ids.shape[-1] < 3
+            or ids.is_floating_point() is False
+            and ids.dtype != torch.long
+        ):
+            return None
+        flat = ids[0] if ids.ndim == 3 else ids
+        return grid_from_ids(flat, flat.shape[0])
+
+    def _read_grid(self, model: torch.nn.Module, ids: torch.Tensor, num_tokens: int) -> tuple[int, int] | None:
         given = ids  # the object the pipeline passes every step (a 3-D one is sliced below)
         last = self._last
-        if is_compiling():  # reading ids is a host sync torch.compile cannot trace: the grid an eager call read
-            return last[3] if last is not None and last[2] == x.shape[1] else None
         # Pipelines pass the same img_ids every step: read them once. A version counter tells an in-place
         # change; inference tensors have none, so there the storage and shape stand for it.
         version = (-1, given.data_ptr(), tuple(given.shape)) if given.is_inference() else given._version
-        if last is not None and last[0]() is given and last[1:3] == (version, x.shape[1]):
+        if last is not None and last[0]() is given and last[1:3] == (version, num_tokens):
             return last[3]
         if ids.ndim == 3:
             ids = ids[0]
-        grid = grid_from_ids(ids, int(x.shape[1]))
-        self._last = (weakref.ref(given), version, int(x.shape[1]), grid)
+        grid = grid_from_ids(ids, num_tokens)
+        self._last = (weakref.ref(given), version, num_tokens, grid)
         if grid is None and not self._warned:
             self._warned = True
             warnings.warn(
                 f"ToMe merges nothing in this {type(model).__name__} call: expected img_ids numbering the rows and "
-                f"columns of one row-major grid of the {int(x.shape[1])} image tokens, but got img_ids of shape "
+                f"columns of one row-major grid of the {num_tokens} image tokens, but got img_ids of shape "
                 f"{tuple(ids.shape)} that do not.",
                 UserWarning,
                 stacklevel=2,
             )
         return grid
+
+
+@torch.compiler.disable
+def _read_grid_outside_the_graph(
+    family: IdsGridFamily, model: torch.nn.Module, ids: torch.Tensor, num_tokens: int
+) -> tuple[int, int] | None:
+    return family._read_grid(model, ids, int(num_tokens))
 
 
 class FluxFamily(IdsGridFamily):
