@@ -159,19 +159,35 @@ def test_a_copy_of_a_pipeline_model_keeps_its_methods_bound_to_itself(tmp_path):
 # ---------------------------------------------------------------- 2. torch.compile
 
 
-def ids_inputs(family: str, h: int, w: int, seed: int) -> dict:
+def sized_inputs(family: str, h: int, w: int, seed: int) -> dict:
     inputs = MODELS[family][1](h, w)
     generator = torch.Generator().manual_seed(seed)
-    inputs["hidden_states"] = torch.randn(inputs["hidden_states"].shape, generator=generator)
+    name = next(key for key in ("hidden_states", "sample", "x") if key in inputs)
+    value = inputs[name]
+    if isinstance(value, list):  # Z-Image: one latent per sample
+        inputs[name] = [torch.randn(v.shape, generator=generator) for v in value]
+    else:
+        inputs[name] = torch.randn(value.shape, generator=generator)
     return inputs
 
 
-@pytest.mark.parametrize("family", IDS_FAMILIES)
+#: Per family: sizes in its inputs' units, portrait and landscape of one token count, then another (then back,
+#: where the grid is read from values that a graph cannot hold).
+COMPILE_SIZES = {
+    **{name: [(5, 9), (9, 5), (7, 3), (9, 5)] for name in (*IDS_FAMILIES, "qwenimage")},
+    **{name: [(12, 16), (16, 12), (8, 12)] for name in ("pixart", "sd3")},
+    "unet": [(16, 24), (24, 16), (16, 16)],
+    "zimage": [(6, 10), (10, 6), (6, 8)],
+    "wan": [(8, 12), (12, 8), (8, 8)],
+}
+
+
+@pytest.mark.parametrize("family", sorted(COMPILE_SIZES))
 def test_compiled_tome_equals_eager_tome_at_every_size_with_no_eager_call_first(family):
     import torch._dynamo
 
     build, _ = MODELS[family]
-    sizes = [(5, 9), (9, 5), (7, 3), (9, 5)]  # portrait and landscape of one token count, then another
+    sizes = COMPILE_SIZES[family]
     eager_model, compiled_model = build(), build()
     tp.apply_tome(eager_model, ratio=0.5)
     tp.apply_tome(compiled_model, ratio=0.5)
@@ -179,7 +195,7 @@ def test_compiled_tome_equals_eager_tome_at_every_size_with_no_eager_call_first(
     torch._dynamo.reset()
     compiled = torch.compile(compiled_model, backend="eager")
     for seed, (h, w) in enumerate(sizes):
-        inputs = ids_inputs(family, h, w, seed)
+        inputs = sized_inputs(family, h, w, seed)
         expected = forward(eager_model, inputs)
         assert not torch.allclose(expected, forward(plain_model, inputs), atol=1e-5)
         torch.testing.assert_close(forward(compiled, inputs), expected, rtol=1e-4, atol=1e-5)
