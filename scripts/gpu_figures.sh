@@ -31,5 +31,9 @@ case $1 in
     bench 90 sd3-1024 --arch sd3 --resolution 1024 --rounds 5
     bench 120 flux-pipe-fbc --pipeline --arch flux --layers 4 --text-encoders small --resolution 1024 --steps 8 --rounds 1 --cache fbc --presets balanced --dtype bfloat16
     ;;
+  compiled)
+    bench 300 wan81-compiled --arch wan --resolution 480 --width 832 --frames 81 --batch 1 --dtype bfloat16 --layers 6 --compile --rounds 3 --presets balanced fast
+    bench 230 sd15-512-compiled --arch sd15 --resolution 512 --compile reduce-overhead --rounds 5 --no-tomesd
+    ;;
 esac
 tar -C "$out" -czf "$out/json-$1.tgz" json && rm -r "$out/json"
