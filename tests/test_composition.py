@@ -22,8 +22,9 @@ from diffusers.models.attention_processor import (
 )
 
 import tome_processors as tp
-from test_pipeline import generate, hooks_left, inner_types, make_pipeline
 from tome_processors import ToMeProcessor
+
+from test_pipeline import generate, hooks_left, inner_types, make_pipeline
 
 EMBED_DIM = 12  # the made-up image encoder's embedding size
 

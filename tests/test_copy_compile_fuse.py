@@ -20,6 +20,7 @@ from leftovers import hooks_left, tome_attributes_left
 from models import tiny_unet, unet_inputs
 from pipelines import family_pipeline
 from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
+from test_ltx import ltx_inputs, tiny_ltx
 from test_new_families import (
     chroma_inputs,
     flux2_inputs,
@@ -52,6 +53,7 @@ MODELS = {
     "qwenimage": (tiny_qwenimage, lambda h=6, w=8: qwenimage_inputs(h=h, w=w)),
     "zimage": (tiny_zimage, lambda h=6, w=8: zimage_inputs(h=h, w=w)),
     "wan": (tiny_wan, lambda h=8, w=12: wan_inputs(h=h, w=w)),
+    "ltx": (tiny_ltx, lambda h=6, w=8: ltx_inputs(h=h, w=w)),
 }
 #: One model per family.
 FAMILIES = [name for name in sorted(MODELS) if name != "sd3-single"]
@@ -180,6 +182,7 @@ COMPILE_SIZES = {
     "unet": [(16, 24), (24, 16)],
     "zimage": [(6, 10), (10, 6)],
     "wan": [(8, 12), (12, 8)],
+    "ltx": [(6, 8), (8, 6)],
 }
 
 

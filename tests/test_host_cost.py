@@ -32,6 +32,7 @@ from tome_processors.hooks import context_of
 from models import CROSS_DIM, unet_inputs
 from pipelines import svd_inputs, tiny_sd_pipeline, tiny_svd_unet
 from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
+from test_ltx import ltx_inputs, tiny_ltx
 from test_new_families import (
     chroma_inputs,
     flux2_inputs,
@@ -88,6 +89,7 @@ FAMILIES = {
     # One video of 3 frames with guidance: the spatial blocks' batch is 2 x 3.
     "svd": (tiny_svd_unet, lambda model: svd_inputs(batch=2, frames=3)),
     "wan": (tiny_wan, lambda model: wan_inputs()),
+    "ltx": (tiny_ltx, lambda model: ltx_inputs()),
 }
 
 #: The families whose token grid is the values of `img_ids`, which a compiled graph cannot read.
@@ -411,6 +413,7 @@ REAL_BLOCK_COUNTS = {
     "zimage": (lambda: tiny_zimage(30), lambda model: zimage_inputs(batch=2, text=(7, 40))),
     # Wan2.1-1.3B's 30 blocks, batch 1 as its pipelines run it (the guidance is a second call).
     "wan": (lambda: tiny_wan(30), lambda model: wan_inputs(batch=1)),
+    "ltx": (lambda: tiny_ltx(28), lambda model: ltx_inputs(batch=1)),
 }
 BUDGETS = [
     # (family, options, most aten ops per merged block)
@@ -440,6 +443,10 @@ BUDGETS = [
     pytest.param("wan", {}, 30, id="wan"),
     pytest.param("wan", {"st": 2}, 25, id="wan-st2"),
     pytest.param("wan", {"st": 2, "share_level": True}, 7, id="wan-st2-share_level"),
+    # LTX-Video as Wan, its rotary tables one per sample (`(B, N, D)`: one gather at (sample, row) positions).
+    pytest.param("ltx", {}, 30, id="ltx"),
+    pytest.param("ltx", {"st": 2}, 25, id="ltx-st2"),
+    pytest.param("ltx", {"st": 2, "share_level": True}, 7, id="ltx-st2-share_level"),
 ]
 
 

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-import test_video_unet as video_unet
 import tome_processors as tp
 from tome_processors import ToMeProcessor
 
 import test_new_families as new_families
 import test_video as video
+import test_video_unet as video_unet
 from pipelines import tiny_animatediff_pipeline, tiny_svd_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -159,7 +159,7 @@ def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge) -> list[Any]:
     follow = _gathered(spec, tables)
     row_token = merge.row_token.to(tables[0].device)
     if spec.batched:  # (B, S, D) tables: one lookup along the sequence for the whole batch
-        samples = _sample_index(merge.batch, row_token.device)
+        samples = sample_index(merge.batch, row_token.device)
         gathered = [t[samples, row_token] for t in follow]
         per_call = [_rebuilt(rotary, gathered + tables[len(follow) :])]
     else:
@@ -182,7 +182,7 @@ def _batched_rotary(rotary: Any, merge: TokenMerge) -> Any:
 _SAMPLE_INDEX: dict[tuple, torch.Tensor] = {}
 
 
-def _sample_index(batch: int, device: torch.device) -> torch.Tensor:
+def sample_index(batch: int, device: torch.device) -> torch.Tensor:
     """`(batch, 1)`: each sample's index, made once per batch size and device (indexes a batched table)."""
     key = (batch, device)
     index = _SAMPLE_INDEX.get(key)

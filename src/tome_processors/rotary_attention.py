@@ -1,11 +1,13 @@
-"""Merged self-attention over video tokens with one rotary table row per token (Wan's 3-D rotary embeddings).
+"""Merged self-attention over video tokens with one rotary table row per token (Wan's and LTX-Video's 3-D
+rotary embeddings).
 
-Wan's processor gets `rotary_emb = (cos, sin)`, each `(1, N, 1, D)`: the rotation of every token, which it
-applies to the queries and keys. With the tokens merged, a row keeps the rotation of the token it is kept at
-(`TokenMerge.row_token`: its destination, or itself when nothing was merged into it), as Flux's rows do
-(see joint_attention.py): a rotation is exact only at a real position. The merge is per sample, so the
-tables become `(B, M, 1, D)`, which the processor broadcasts over the heads as it did the shared table: the
-whole batch runs in one call.
+Wan's processor gets `rotary_emb = (cos, sin)`, each `(1, N, 1, D)`; LTX-Video's gets `image_rotary_emb =
+(cos, sin)`, each `(B, N, D)` (its family declares that with `Rotary(batched=True)`): the rotation of every
+token, which the processor applies to the queries and keys. With the tokens merged, a row keeps the rotation
+of the token it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing was merged into
+it), as Flux's rows do (see joint_attention.py): a rotation is exact only at a real position. The merge is
+per sample, so the tables become `(B, M, 1, D)` (Wan's, which the processor broadcasts over the heads as it
+did the shared table) or `(B, M, D)`: the whole batch runs in one call.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import torch
 
 from .arguments import argument, replace_argument
+from .joint_attention import sample_index as _sample_index
 from .merge import TokenMerge
 
 _ROTARY = (2, "rotary_emb")  # position after hidden_states (encoder_hidden_states, attention_mask, rotary_emb)
@@ -26,37 +29,41 @@ def run_with_rotary(
     """Run `processor.inner` on the merged tokens with each row's rotary tables (see module doc)."""
     inner = processor.inner
     merge = processor._merge_for(slot, hidden_states, args, kwargs)
-    rotary = argument(args, kwargs, *_ROTARY)
-    if merge is None or (rotary is not None and (merge.row_token is None or not _fits(rotary, merge.num_tokens))):
+    spec = slot.block.model.rotary  # None: Wan's `rotary_emb`
+    where = (spec.position, spec.name) if spec is not None else _ROTARY
+    batched = spec is not None and spec.batched
+    rotary = argument(args, kwargs, *where)
+    if merge is None or (
+        rotary is not None and (merge.row_token is None or not _fits(rotary, merge.batch, merge.num_tokens, batched))
+    ):
         return inner(attn, hidden_states, *args, **kwargs)
     if rotary is not None:
-        args, kwargs = replace_argument(args, kwargs, *_ROTARY, merged_rotary(rotary, merge, slot.block.model))
+        args, kwargs = replace_argument(args, kwargs, *where, merged_rotary(rotary, merge, slot.block.model))
     return merge.unmerge(inner(attn, merge.merge(hidden_states), *args, **kwargs))
 
 
-def _fits(rotary: Any, num_tokens: int) -> bool:
-    """`(cos, sin)` tables of shape `(1, num_tokens, 1, D)` (else the tokens are not merged)."""
-    return (
-        isinstance(rotary, (tuple, list))
-        and len(rotary) == 2
-        and all(
-            isinstance(t, torch.Tensor)
-            and t.ndim == 4
-            and t.shape[0] == 1
-            and t.shape[1] == num_tokens
-            and t.shape[2] == 1
-            for t in rotary
-        )
-        and rotary[0].shape == rotary[1].shape
-    )
+def _fits(rotary: Any, batch: int, num_tokens: int, batched: bool = False) -> bool:
+    """`(cos, sin)` tables of shape `(1, num_tokens, 1, D)`, or with `batched` `(batch, num_tokens, D)` (else the
+    tokens are not merged)."""
+    if not (
+        isinstance(rotary, (tuple, list)) and len(rotary) == 2 and all(isinstance(t, torch.Tensor) for t in rotary)
+    ):
+        return False
+    if rotary[0].shape != rotary[1].shape:
+        return False
+    shape = tuple(rotary[0].shape)
+    if batched:
+        return len(shape) == 3 and shape[0] == batch and shape[1] == num_tokens
+    return len(shape) == 4 and shape[0] == 1 and shape[1] == num_tokens and shape[2] == 1
 
 
 def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None) -> Any:
-    """The `(1, N, 1, D)` tables `(cos, sin)` at every sample's `merge.row_token`: `(B, M, 1, D)` each.
+    """The `(1, N, 1, D)` tables `(cos, sin)` at every sample's `merge.row_token`: `(B, M, 1, D)` each (`(B, N, D)`
+    tables, one per sample: `(B, M, D)`).
 
-    Both are gathered at once from one `(N, 1, 2D)` table, made once per forward and kept on `state` (the
-    model's `ModelState`, whose forward passes the same tables to every block), and the result is kept on
-    the merge: a merge shared by several blocks (`share_level`) gathers once per forward.
+    Both are gathered at once from one `(N, 1, 2D)` (or `(B, N, 2D)`) table, made once per forward and kept on
+    `state` (the model's `ModelState`, whose forward passes the same tables to every block), and the result is
+    kept on the merge: a merge shared by several blocks (`share_level`) gathers once per forward.
 
     Example:
         >>> from tome_processors.merge import bipartite_soft_matching_2d
@@ -72,10 +79,14 @@ def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None) ->
         table = state.rotary_tables[1]
     else:
         cos, sin = rotary
-        table = torch.cat([cos, sin], dim=-1)[0]  # (N, 1, 2D)
+        table = torch.cat([cos, sin], dim=-1)
+        table = table[0] if table.ndim == 4 else table  # (N, 1, 2D), or one (N, 2D) per sample
         if state is not None:
             state.rotary_tables = (rotary, table)
-    gathered = table[merge.row_token]  # (B, M, 1, 2D) in one gather
+    if table.ndim == 3 and table.shape[1] != 1:  # per sample: (B, N, 2D) at (B, M) positions
+        gathered = table[_sample_index(merge.batch, table.device), merge.row_token]
+    else:
+        gathered = table[merge.row_token]  # (B, M, 1, 2D) in one gather
     tables = type(rotary)(gathered.chunk(2, dim=-1))
     kept[:] = [rotary, tables]
     return tables

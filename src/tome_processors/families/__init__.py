@@ -14,8 +14,8 @@ the processor stay generic. A family answers four questions about a model:
 Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
 `PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel`, `Flux2Transformer2DModel`,
 `ChromaTransformer2DModel`, `QwenImageTransformer2DModel`, `ZImageTransformer2DModel`, and the video models
-`WanTransformer3DModel` and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
-blocks). docs/families.md is the recipe for adding one.
+`WanTransformer3DModel`, `LTXVideoTransformer3DModel` and Stable Video Diffusion's
+`UNetSpatioTemporalConditionModel` (its spatial blocks). docs/families.md is the recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -44,6 +44,7 @@ from .base import (
 from .chroma import ChromaFamily, Flux2Family
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
+from .ltx import LTXVideoFamily
 from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
@@ -59,6 +60,7 @@ __all__ = [
     "Flux2Family",
     "FluxFamily",
     "IdsGridFamily",
+    "LTXVideoFamily",
     "Layout",
     "PixArtFamily",
     "QwenImageFamily",
@@ -95,6 +97,7 @@ FAMILIES: dict[str, type[Family]] = {
         QwenImageFamily,
         ZImageFamily,
         WanFamily,
+        LTXVideoFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -111,6 +114,7 @@ _SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tra
         "QwenImageTransformer2DModel",
         "ZImageTransformer2DModel",
         "WanTransformer3DModel",
+        "LTXVideoTransformer3DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )

@@ -1,0 +1,59 @@
+"""LTX-Video: a video diffusion transformer over packed `(frames, h, w)` tokens, 3-D rotary positions per sample."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from diffusers import LTXVideoTransformer3DModel
+
+from ..arguments import argument
+from .base import AttentionSite, BlockSite, Family, Layout, Rotary
+from .wan import WanFamily
+
+
+class LTXVideoFamily(Family):
+    """`LTXVideoTransformer3DModel` (LTX-Video 0.9.x): `LTXVideoTransformerBlock`s over packed video tokens.
+
+    Each block's `attn1` is self-attention over the video tokens with 3-D rotary embeddings, `(cos, sin)`
+    of shape `(B, N, D)` as `image_rotary_emb` (a merged row keeps the rotation of the token it is kept at);
+    `attn2` is cross-attention to the text, whose keys and values are never merged; `ff` is the
+    feed-forward (`merge_mlp`). The model gets the tokens packed, `(B, F * H * W, C)` in frame, row, column
+    order, and the grid as `num_frames`, `height`, `width` (Python ints, so a compiled graph holds them).
+    The pipelines pass the timestep on the 0..1000 scale.
+    """
+
+    name = "ltx"
+    needs_row_token = True
+    video = True
+    rotary = Rotary(name="image_rotary_emb", position=2, covers_text=False, batched=True)
+    timestep_position = 2
+    # The processor rotates the keys with a table of one row per query token: pooled keys cannot pass.
+    merge_only = True
+    defaults: dict[str, Any] = dict(WanFamily.defaults)
+    # Wan's presets (docs/video.md), not yet measured on LTX-Video: both are video transformers whose
+    # self-attention sees every frame's tokens with 3-D rotary positions.
+    presets: dict[str, dict[str, Any]] = WanFamily.presets
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        return isinstance(model, LTXVideoTransformer3DModel)
+
+    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        return [
+            BlockSite(
+                block, (AttentionSite(block.attn1, False, Layout.ROTARY), AttentionSite(block.attn2, True)), block.ff
+            )
+            for block in model.transformer_blocks
+        ]
+
+    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
+        x = argument(args, kwargs, 0, "hidden_states")
+        grid = [argument(args, kwargs, position, name) for position, name in _GRID_ARGUMENTS]
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or not all(isinstance(v, int) and v > 0 for v in grid):
+            return None
+        frames, h, w = grid
+        return (frames, h, w) if frames * h * w == x.shape[1] else None
+
+
+#: Where `LTXVideoTransformer3DModel.forward` takes the latent grid (after hidden_states, text, timestep, mask).
+_GRID_ARGUMENTS = ((4, "num_frames"), (5, "height"), (6, "width"))
