@@ -35,5 +35,9 @@ case $1 in
     bench 300 wan81-compiled --arch wan --resolution 480 --width 832 --frames 81 --batch 1 --dtype bfloat16 --layers 6 --compile --rounds 3 --presets balanced fast
     bench 230 sd15-512-compiled --arch sd15 --resolution 512 --compile reduce-overhead --rounds 5 --no-tomesd
     ;;
+  ltx)
+    bench 200 ltx-121 --arch ltx --resolution 512 --width 768 --frames 121 --batch 1 --dtype bfloat16 --rounds 3
+    bench 250 ltx-704x1216 --arch ltx --resolution 704 --width 1216 --frames 121 --batch 1 --dtype bfloat16 --rounds 3
+    ;;
 esac
 tar -C "$out" -czf "$out/json-$1.tgz" json && rm -r "$out/json"

@@ -26,6 +26,7 @@ from diffusers import (
     ChromaTransformer2DModel,
     Flux2Transformer2DModel,
     FluxTransformer2DModel,
+    LTXVideoTransformer3DModel,
     PixArtTransformer2DModel,
     QwenImageTransformer2DModel,
     SD3Transformer2DModel,
@@ -36,6 +37,7 @@ from diffusers import (
 __all__ = [
     "QUICK_TEXT_TOKENS",
     "VIDEO_ARCHITECTURES",
+    "VIDEO_STRIDES",
     "latent_frames",
     "TRANSFORMER_ARCHITECTURES",
     "TransformerInputs",
@@ -134,6 +136,18 @@ _FULL: dict[str, dict[str, Any]] = {
         axes_dims=[32, 48, 48],
         axes_lens=[1024, 512, 512],
     ),
+    "ltx": dict(  # LTX-Video 2B (0.9.x)
+        in_channels=128,
+        out_channels=128,
+        patch_size=1,
+        patch_size_t=1,
+        num_attention_heads=32,
+        attention_head_dim=64,
+        cross_attention_dim=2048,
+        num_layers=28,
+        caption_channels=4096,
+        qk_norm="rms_norm_across_heads",
+    ),
     "wan": dict(  # Wan2.1-T2V-1.3B
         patch_size=(1, 2, 2),
         num_attention_heads=12,
@@ -168,6 +182,8 @@ _QUICK: dict[str, dict[str, Any]] = {
                    approximator_num_channels=8, approximator_hidden_dim=16, approximator_layers=1),
     "zimage": dict(_FULL["zimage"], in_channels=4, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2, n_kv_heads=2,
                    cap_feat_dim=32, axes_dims=[8, 4, 4], axes_lens=[256, 64, 64]),
+    "ltx": dict(_FULL["ltx"], in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+                cross_attention_dim=16, num_layers=2, caption_channels=32),
     "wan": dict(_FULL["wan"], num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=32,
                 freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=64),
 }  # fmt: skip
@@ -186,15 +202,17 @@ TEXT_TOKENS = {
     "chroma": 512,
     "zimage": 128,
     "wan": 512,
+    "ltx": 128,
 }
 #: The config fields that set a model's depth (`layers` caps each).
 _DEPTH_FIELDS = ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers")
 #: Video architectures: inputs are clips (`frames`, and `width` beside `resolution`, the height).
-VIDEO_ARCHITECTURES = ("wan",)
-#: A video architecture's clip when none is given: height, width, pixel frames (Wan's 480p, 33 frames).
-VIDEO_DEFAULTS = {"wan": (480, 832, 33)}
-#: The VAE's stride in time and space (Wan's: 4 frames, 8 pixels).
-_VIDEO_STRIDES = {"wan": (4, 8)}
+VIDEO_ARCHITECTURES = ("wan", "ltx")
+#: A video architecture's clip when none is given: height, width, pixel frames (Wan's 480p, 33 frames;
+#: LTX-Video's 512 x 768, 121 frames).
+VIDEO_DEFAULTS = {"wan": (480, 832, 33), "ltx": (512, 768, 121)}
+#: The VAE's stride in time and space (Wan's: 4 frames, 8 pixels; LTX-Video's: 8 frames, 32 pixels).
+VIDEO_STRIDES = {"wan": (4, 8), "ltx": (8, 32)}
 #: Text tokens for the `--quick` models.
 QUICK_TEXT_TOKENS = 16
 
@@ -208,6 +226,7 @@ _MODEL_CLASSES: dict[str, type] = {
     "chroma": ChromaTransformer2DModel,
     "zimage": ZImageTransformer2DModel,
     "wan": WanTransformer3DModel,
+    "ltx": LTXVideoTransformer3DModel,
 }
 
 
@@ -241,7 +260,7 @@ def latent_frames(arch: str, frames: int) -> int:
         >>> latent_frames("wan", 33), latent_frames("wan", 81)
         (9, 21)
     """
-    return 1 + (frames - 1) // _VIDEO_STRIDES[arch][0]
+    return 1 + (frames - 1) // VIDEO_STRIDES[arch][0]
 
 
 @dataclass
@@ -349,9 +368,22 @@ def make_transformer_inputs(
             "t": torch.full((batch,), 0.5, device=device, dtype=dtype),
             "cap_feats": [randn(text_len, config.cap_feat_dim) for _ in range(batch)],
         }
+    elif arch == "ltx":  # packed tokens, the latent grid as ints
+        _, default_width, default_frames = VIDEO_DEFAULTS[arch]
+        stride = VIDEO_STRIDES[arch][1]
+        grid = latent_frames(arch, frames or default_frames), resolution // stride, (width or default_width) // stride
+        kwargs = {
+            "hidden_states": randn(batch, grid[0] * grid[1] * grid[2], config.in_channels),
+            "encoder_hidden_states": randn(batch, text_len, config.caption_channels),
+            "timestep": torch.full((batch,), 500, device=device),
+            "encoder_attention_mask": torch.ones(batch, text_len, device=device, dtype=dtype),
+            "num_frames": grid[0],
+            "height": grid[1],
+            "width": grid[2],
+        }
     elif arch in VIDEO_ARCHITECTURES:
         _, default_width, default_frames = VIDEO_DEFAULTS[arch]
-        stride = _VIDEO_STRIDES[arch][1]
+        stride = VIDEO_STRIDES[arch][1]
         clip = (latent_frames(arch, frames or default_frames), resolution // stride, (width or default_width) // stride)
         kwargs = {
             "hidden_states": randn(batch, config.in_channels, *clip),

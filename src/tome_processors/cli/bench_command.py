@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..bench.caches import CACHES
+from ..bench.dit import VIDEO_ARCHITECTURES, VIDEO_STRIDES
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES
 from ..bench.pipelines import TEXT_ENCODER_SIZES
 from ..bench.run import BenchRequest, run_bench
@@ -54,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", default=None, help="a local diffusers folder (pipeline or unet) or a hub id")
     what.add_argument(
         "--arch",
-        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "svd", "wan"],
+        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "svd", *VIDEO_ARCHITECTURES],
         default=None,
         help="a real UNet or diffusion-transformer architecture with random weights (default sd15 when no --model)",
     )
@@ -216,9 +217,9 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
         fail(f"Expected --resolution to be a multiple of 8 and >= 16, but got {args.resolution}.")
     if args.threads is not None and args.threads < 1:
         fail(f"Expected --threads >= 1, but got {args.threads}.")
-    if args.frames is not None and args.arch not in ("svd", "wan"):
-        fail(f"Expected --frames only with a video --arch (wan, svd), but got --arch {args.arch}.")
-    if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", "wan", *_NEW_TRANSFORMERS):
+    if args.frames is not None and args.arch not in ("svd", *VIDEO_ARCHITECTURES):
+        fail(f"Expected --frames only with a video --arch (wan, ltx, svd), but got --arch {args.arch}.")
+    if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS):
         fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
     if args.pipeline and args.arch in _NEW_TRANSFORMERS:
         fail(f"Expected --pipeline with sd15, sd2, sdxl, pixart, sd3 or flux, but got --arch {args.arch}.")
@@ -242,14 +243,19 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
 
 def _check_video(args: argparse.Namespace, fail: Any) -> None:
     """The video options: for a video architecture only, and in range."""
-    if args.width is not None and args.arch != "wan":
-        fail(f"Expected --width only with a video architecture (--arch wan), but got --arch {args.arch}.")
-    if args.arch == "wan" and args.frames is not None and (args.frames < 1 or (args.frames - 1) % 4):
-        fail(f"Expected --frames of the form 4k + 1 (Wan's VAE: 1, 5, ..., 33, 81), but got {args.frames}.")
+    if args.width is not None and args.arch not in VIDEO_ARCHITECTURES:
+        fail(f"Expected --width only with a video architecture (--arch wan, ltx), but got --arch {args.arch}.")
+    if args.arch in VIDEO_ARCHITECTURES and args.frames is not None:
+        stride = VIDEO_STRIDES[args.arch][0]
+        if args.frames < 1 or (args.frames - 1) % stride:
+            fail(
+                f"Expected --frames of the form {stride}k + 1 for --arch {args.arch} (its VAE's stride in time), "
+                f"but got {args.frames}."
+            )
     if args.width is not None and (args.width < 16 or args.width % 16):
         fail(f"Expected --width to be a multiple of 16, but got {args.width}.")
-    if args.arch == "wan" and args.pipeline:
-        fail("Expected --arch wan without --pipeline: whole-video generations are not in the bench yet.")
+    if args.arch in VIDEO_ARCHITECTURES and args.pipeline:
+        fail(f"Expected --arch {args.arch} without --pipeline: whole-video generations are not in the bench yet.")
 
 
 def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
