@@ -1,7 +1,9 @@
 """ToMe together with diffusers' step caches (`enable_cache`): either order, each cache, either one taken off.
 
 Every cache that diffusers offers and that acts on the tiny FLUX.1 transformer without ToMe is checked:
-First Block Cache, TaylorSeer and MagCache (given ratios, as after a calibration). FasterCache fails on
+First Block Cache, TaylorSeer and MagCache (given ratios, as after a calibration), and the same on the video
+transformers Wan and LTX-Video (where TaylorSeer's default identifiers find nothing to cache, with or without
+ToMe). FasterCache fails on
 FLUX.1 without ToMe too (diffusers marks it experimental), and Pyramid Attention Broadcast leaves FLUX.1's
 output unchanged (`test_pyramid_attention_broadcast_does_not_act_on_flux`).
 """
@@ -53,6 +55,22 @@ def flux():
     return model, inputs
 
 
+#: The transformers whose pipelines users run with a cache: FLUX.1, and the video transformers Wan and LTX-Video
+#: (a clip of 5 latent frames).
+CACHED = {
+    "flux": dict(resolution=64),
+    "wan": dict(resolution=64, frames=17, width=64),
+    "ltx": dict(resolution=128, frames=33, width=128),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CACHED))
+def denoiser(request):
+    model = build_transformer(request.param, quick=True).eval()
+    inputs = make_transformer_inputs(model, request.param, batch=2, **CACHED[request.param])
+    return model, inputs
+
+
 def _steps(model, inputs) -> list[torch.Tensor]:
     """`STEPS` denoiser calls as a pipeline makes them: inside a cache context, the timestep moving."""
     outputs = []
@@ -79,8 +97,8 @@ def _with(model, inputs, cache: str | None, tome: bool) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("cache", sorted(CONFIGS))
 @pytest.mark.parametrize("tome_first", [True, False])
-def test_tome_and_each_cache_in_either_order(flux, cache, tome_first):
-    model, inputs = flux
+def test_tome_and_each_cache_in_either_order(denoiser, cache, tome_first):
+    model, inputs = denoiser
     plain = _with(model, inputs, None, tome=False)
     cache_only = _with(model, inputs, cache, tome=False)
     tome_only = _with(model, inputs, None, tome=True)
@@ -111,10 +129,14 @@ def test_tome_and_each_cache_in_either_order(flux, cache, tome_first):
 
 
 @pytest.mark.parametrize("cache", sorted(CONFIGS))
-def test_each_cache_skips_work_with_tome_on(flux, cache):
+def test_each_cache_skips_work_with_tome_on(denoiser, cache):
     # The configs reuse work early: the steps after the first differ from ToMe alone, so the cache really acts
     # on the merged model.
-    model, inputs = flux
+    model, inputs = denoiser
+    plain = _with(model, inputs, None, tome=False)
+    cache_only = _with(model, inputs, cache, tome=False)
+    if all(torch.equal(a, b) for a, b in zip(cache_only, plain, strict=True)):
+        pytest.skip(f"{cache} skips nothing on {type(model).__name__} without ToMe either (its default identifiers)")
     tome_only = _with(model, inputs, None, tome=True)
     both = _with(model, inputs, cache, tome=True)
     assert torch.equal(both[0], tome_only[0])
@@ -205,3 +227,26 @@ def test_a_pipeline_with_tome_and_a_cache_gives_the_same_image_twice(cache):
     pipe.transformer.disable_cache()
     remove_tome(pipe)
     assert torch.equal(generate(), plain)
+
+
+@pytest.mark.parametrize("tome_first", [True, False])
+@pytest.mark.parametrize("arch", sorted(CACHED))
+def test_group_offloading_and_tome_in_either_order(arch, tome_first):
+    # diffusers' group offloading moves each block's weights in with hooks of its own registry; here both
+    # devices are the CPU, so the hooks run and the output must be ToMe's, bit for bit.
+    model = build_transformer(arch, quick=True).eval()  # a model of its own: offloading stays on it
+    inputs = make_transformer_inputs(model, arch, batch=2, **CACHED[arch])
+    plain = _with(model, inputs, None, tome=False)
+    tome_only = _with(model, inputs, None, tome=True)
+    cpu = torch.device("cpu")
+    if tome_first:
+        apply_tome(model, ratio=0.5)
+    model.enable_group_offload(
+        onload_device=cpu, offload_device=cpu, offload_type="block_level", num_blocks_per_group=1
+    )
+    if not tome_first:
+        apply_tome(model, ratio=0.5)
+    assert is_tome_applied(model)
+    assert all(torch.equal(a, b) for a, b in zip(_steps(model, inputs), tome_only, strict=True))
+    remove_tome(model)  # the offloading stays and the model is the plain one again
+    assert all(torch.equal(a, b) for a, b in zip(_steps(model, inputs), plain, strict=True))
