@@ -325,3 +325,44 @@ def test_a_grid_too_small_for_the_windows_warns_once_and_merges_nothing():
     assert len([m for m in messages if "1x9 token grid" in m]) == 1
     assert torch.equal(forward(model, flux_inputs(h=1, w=9)), plain)
     assert not caught(lambda: forward(model, flux_inputs(h=6, w=8)))
+
+
+def test_a_processor_the_user_set_stays_through_diffusers_own_swaps():
+    build = MODELS["pixart"][0]
+    model = build()
+    tp.apply_tome(model, ratio=0.5)
+    model.set_attn_processor(AttnProcessor2_0())  # off, before any forward notices it
+    model.set_default_attn_processor()  # diffusers' own swap must not bring ToMe back
+    assert not tp.is_tome_applied(model)
+    assert not any(isinstance(p, tp.ToMeProcessor) for p in model.attn_processors.values())
+
+    model = build()
+    tp.apply_tome(model, ratio=0.5)
+    first = next(m for m in model.modules() if hasattr(m, "processor"))
+    first.set_processor(AttnProcessor2_0())  # one module turned off by hand
+    model.fuse_qkv_projections()
+    assert not isinstance(first.processor, tp.ToMeProcessor) and tp.is_tome_applied(model)
+
+
+def test_copying_or_saving_one_block_does_not_take_the_model_along():
+    model = MODELS["flux"][0]()
+    tp.apply_tome(model, ratio=0.5)
+    block = model.transformer_blocks[0]
+    size = sum(p.numel() for p in block.parameters())
+    assert sum(p.numel() for p in copy.deepcopy(block).parameters()) == size
+    loaded = pickle.loads(pickle.dumps(block))
+    assert sum(p.numel() for p in loaded.parameters()) == size
+
+
+def test_the_processor_signature_behaves_as_inspect_s_own():
+    import functools
+    import inspect
+
+    processor = tp.ToMeProcessor(AttnProcessor2_0(), ratio=0.5)
+    signature = inspect.signature(processor.__call__)
+    assert list(signature.parameters)[:2] == ["attn", "hidden_states"]
+    assert signature.replace(return_annotation=int).return_annotation is int
+    assert pickle.loads(pickle.dumps(signature)) == signature
+    assert "attn" not in inspect.signature(functools.partial(processor.__call__, None)).parameters
+    signature.parameters.pop("attn")  # a caller's copy: the signature diffusers reads is unchanged
+    assert "attn" in signature.parameters

@@ -494,11 +494,13 @@ def _note_grid(models: list[torch.nn.Module], result: Any) -> None:
     contexts = [c for c in map(context_of, models) if c is not None and hasattr(c.family, "grid_of_ids")]
     if not contexts:
         return
-    for tensor in result if isinstance(result, tuple) else (result,):
-        for context in contexts:
+    # The first ids in the result are the generated image's (FLUX.1 Kontext returns its reference image's after).
+    for context in contexts:
+        for tensor in result if isinstance(result, tuple) else (result,):
             grid = context.family.grid_of_ids(tensor)
             if grid is not None:
                 context.grid_hint = grid
+                break
 
 
 def _start_generation(pipeline: Any, models: list[torch.nn.Module]) -> None:

@@ -18,6 +18,7 @@ they wrap, bound to the model: `copy.deepcopy` and `pickle` carry them over to t
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,6 +72,9 @@ class ProcessorKeeper:
         self.methods: list[str] = []
         self.handle: torch.utils.hooks.RemovableHandle | None = None
         self.installed = False
+        #: Per module, whether it held a ToMe processor when the outermost kept call unwrapped it: without
+        #: `keep_all`, only those are wrapped again (a module the user set a plain processor on stays plain).
+        self.held: list[bool] = [True] * len(attentions)
 
     def install(self, keep_all: bool = False) -> None:
         """Wrap the model's processor-setting methods (with `keep_all`, `set_attn_processor` too and a pre-hook)."""
@@ -103,7 +107,7 @@ class ProcessorKeeper:
         self.methods.clear()
         for attn in self.attentions:
             for name in ATTENTION_METHODS:
-                if isinstance(attn.__dict__.get(name), KeptModuleMethod):
+                if isinstance(attn.__dict__.get(name), (KeptModuleMethod, _OwnMethod)):
                     del attn.__dict__[name]
         if self.handle is not None:
             self.handle.remove()
@@ -116,6 +120,7 @@ class ProcessorKeeper:
 
     def unwrap(self) -> None:
         """Every module's inner processor in place (all found before any is set)."""
+        self.held = [self.keep_all or isinstance(attn.processor, self.processor_type) for attn in self.attentions]
         inners = [(attn, self._inner(attn)) for attn in self.attentions]
         for attn, inner in inners:
             if attn.processor is not inner:
@@ -126,7 +131,7 @@ class ProcessorKeeper:
         if not self.installed:  # ToMe was removed meanwhile: nothing to keep
             return
         for index, attn in enumerate(self.attentions):
-            if only is not None and index != only:
+            if (only is not None and index != only) or not self.held[index]:
                 continue
             processor = attn.processor
             if processor is self.wrappers[index]:
@@ -195,6 +200,7 @@ class KeptModuleMethod:
         if keeper.depth > 0:  # inside a model method that unwrapped every module already
             return self.method(*args, **kwargs)
         attn = keeper.attentions[self.index]
+        keeper.held[self.index] = keeper.keep_all or isinstance(attn.processor, keeper.processor_type)
         inner = keeper._inner(attn)
         if attn.processor is not inner:
             attn.set_processor(inner)
@@ -202,6 +208,33 @@ class KeptModuleMethod:
             return self.method(*args, **kwargs)
         finally:
             keeper.rewrap(only=self.index)
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        # Copied with its model: the copy's keeper. Copied with the attention module alone (a block): that
+        # module's own method, so that the copy does not drag the whole model along.
+        name = self.method.__name__
+        attn = memo.get(id(self.keeper.attentions[self.index]))  # the module being copied (in memo by now)
+        if attn is None:
+            return self.method
+        if id(self.keeper.model) not in memo:
+            return _OwnMethod(attn, name)
+        keeper = copy.deepcopy(self.keeper, memo)
+        return KeptModuleMethod(keeper, self.index, getattr(type(attn), name).__get__(attn))
+
+    def __reduce__(self) -> tuple:  # pickled alone (a block saved on its own): the module's own method
+        return (_OwnMethod, (self.keeper.attentions[self.index], self.method.__name__))
+
+
+class _OwnMethod:
+    """An attention module's class method, bound to it: what a `KeptModuleMethod` becomes in a copy of the module
+    made without its model (pickling or copying a block on its own)."""
+
+    def __init__(self, module: torch.nn.Module, name: str) -> None:
+        self.module = module
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(type(self.module), self.name)(self.module, *args, **kwargs)
 
 
 class RewrapHook:

@@ -36,7 +36,7 @@ class _SignedCall:
 
     def __init__(self, processor: ToMeProcessor, signature: inspect.Signature) -> None:
         self.processor = processor
-        self.__signature__ = _TraceableSignature(signature)
+        self.__signature__ = _TraceableSignature.of(signature)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.processor(*args, **kwargs)
@@ -49,16 +49,25 @@ class _TraceableSignature(inspect.Signature):
 
     __slots__ = ("_plain",)
 
-    def __init__(self, signature: inspect.Signature) -> None:
-        super().__init__(list(signature.parameters.values()), return_annotation=signature.return_annotation)
-        self._plain = dict(signature.parameters)
+    def __init__(
+        self,
+        parameters: Any = None,
+        *,
+        return_annotation: Any = inspect.Signature.empty,
+        __validate_parameters__: bool = True,
+    ) -> None:
+        super().__init__(
+            parameters, return_annotation=return_annotation, __validate_parameters__=__validate_parameters__
+        )
+        self._plain = dict(self._parameters)
+
+    @classmethod
+    def of(cls, signature: inspect.Signature) -> _TraceableSignature:
+        return cls(list(signature.parameters.values()), return_annotation=signature.return_annotation)
 
     @property
     def parameters(self) -> dict[str, inspect.Parameter]:  # type: ignore[override]
-        return self._plain
-
-    def __reduce__(self) -> tuple:  # pickled as the plain signature it shows
-        return (_TraceableSignature, (inspect.Signature(list(self._plain.values())),))
+        return dict(self._plain)  # a copy, as the mapping proxy could not be changed through
 
 
 def _inner_signature(inner: Any) -> inspect.Signature:
