@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from diffusers import LTXVideoTransformer3DModel
 
 from ..arguments import argument
-from .base import AttentionSite, BlockSite, Family, Layout, Rotary
+from .base import Rotary
 from .wan import WanFamily
 
 
-class LTXVideoFamily(Family):
+class LTXVideoFamily(WanFamily):
     """`LTXVideoTransformer3DModel` (LTX-Video 0.9.x): `LTXVideoTransformerBlock`s over packed video tokens.
 
     Each block's `attn1` is self-attention over the video tokens with 3-D rotary embeddings, `(cos, sin)`
@@ -23,28 +21,15 @@ class LTXVideoFamily(Family):
     The pipelines pass the timestep on the 0..1000 scale.
     """
 
+    # Wan's blocks (self-attention with rotary rows, cross-attention, feed-forward), K/V pooling refused for
+    # the same reason, and Wan's presets (docs/video.md), not yet measured on LTX-Video: both are video
+    # transformers whose self-attention sees every frame's tokens with 3-D rotary positions.
     name = "ltx"
-    needs_row_token = True
-    video = True
+    model_class = LTXVideoTransformer3DModel
+    block_list = "transformer_blocks"
+    feed_forward = "ff"
     rotary = Rotary(name="image_rotary_emb", position=2, covers_text=False, batched=True)
     timestep_position = 2
-    # The processor rotates the keys with a table of one row per query token: pooled keys cannot pass.
-    merge_only = True
-    defaults: dict[str, Any] = dict(WanFamily.defaults)
-    # Wan's presets (docs/video.md), not yet measured on LTX-Video: both are video transformers whose
-    # self-attention sees every frame's tokens with 3-D rotary positions.
-    presets: dict[str, dict[str, Any]] = WanFamily.presets
-
-    def matches(self, model: torch.nn.Module) -> bool:
-        return isinstance(model, LTXVideoTransformer3DModel)
-
-    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
-        return [
-            BlockSite(
-                block, (AttentionSite(block.attn1, False, Layout.ROTARY), AttentionSite(block.attn2, True)), block.ff
-            )
-            for block in model.transformer_blocks
-        ]
 
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
         x = argument(args, kwargs, 0, "hidden_states")

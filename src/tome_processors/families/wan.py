@@ -39,15 +39,20 @@ class WanFamily(Family):
         "fast": {"st": 2, "ratio": 0.7, "share_level": True},
     }
 
-    def matches(self, model: torch.nn.Module) -> bool:
-        return isinstance(model, WanTransformer3DModel)
+    model_class = WanTransformer3DModel
+    #: The model's list of blocks and each block's feed-forward (a video family like Wan's names its own).
+    block_list = "blocks"
+    feed_forward = "ffn"
 
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        """Each block's self-attention over the video tokens (`attn1`, rotary rows) and cross-attention (`attn2`)."""
         return [
             BlockSite(
-                block, (AttentionSite(block.attn1, False, Layout.ROTARY), AttentionSite(block.attn2, True)), block.ffn
+                block,
+                (AttentionSite(block.attn1, False, Layout.ROTARY), AttentionSite(block.attn2, True)),
+                getattr(block, self.feed_forward),
             )
-            for block in model.blocks
+            for block in getattr(model, self.block_list)
         ]
 
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
