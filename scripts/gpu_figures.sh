@@ -39,5 +39,8 @@ case $1 in
     bench 200 ltx-121 --arch ltx --resolution 512 --width 768 --frames 121 --batch 1 --dtype bfloat16 --rounds 3
     bench 250 ltx-704x1216 --arch ltx --resolution 704 --width 1216 --frames 121 --batch 1 --dtype bfloat16 --rounds 3
     ;;
+  wan720)
+    bench 330 wan720-81 --arch wan --resolution 720 --width 1280 --frames 81 --batch 1 --dtype bfloat16 --rounds 2
+    ;;
 esac
 tar -C "$out" -czf "$out/json-$1.tgz" json && rm -r "$out/json"
