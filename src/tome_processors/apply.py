@@ -161,7 +161,7 @@ def remove_tome(model_or_pipeline: T) -> T:
     for model in target_models(model_or_pipeline):
         context = context_of(model)
         if context is not None:
-            context.remove(model)
+            context.remove()
         unwrap_processors(model)
     if not isinstance(model_or_pipeline, torch.nn.Module):
         unwatch_schedule(model_or_pipeline)

@@ -138,8 +138,8 @@ class ModelHooks:
         marker = family.generation_marker(args, kwargs) if state.config.recompute_every > 1 else None
         # A video family's grid is `(frames, h, w)`.
         frames = grid[0] if len(grid) == 3 else 1
-        if not self.warned_small_grid and not is_compiling():
-            self._warn_if_too_small(model, grid[-2:], frames)
+        if not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames) and not is_compiling():
+            self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         state.begin(grid[-2:], family.timestep(args, kwargs), value, marker, frames)
 
     def _warn_if_too_small(self, model: torch.nn.Module, grid: tuple[int, int], frames: int) -> None:
@@ -182,8 +182,8 @@ class ModelHooks:
         for block in self.blocks:
             block.reset()
 
-    def remove(self, model: torch.nn.Module) -> None:
-        """Take away every hook, slot and wrapped method ToMe added to `model`."""
+    def remove(self) -> None:
+        """Take away every hook, slot and wrapped method ToMe added to its model."""
         if self.keeper is not None:
             self.keeper.uninstall()
         for handle in self.handles:
@@ -201,7 +201,7 @@ class ModelHooks:
         if is_compiling():  # hooks cannot be taken off inside a traced graph
             self.reset()
             return
-        self.remove(model)
+        self.remove()
         logger.debug("ToMe stood down on %s: no attention module holds a ToMe processor", type(model).__name__)
 
 
@@ -491,9 +491,7 @@ def _end_generation(models: list[torch.nn.Module], result: Any = None) -> None:
 
 
 def _note_grid(models: list[torch.nn.Module], result: Any) -> None:
-    contexts = [c for c in map(context_of, models) if c is not None and hasattr(c.family, "grid_of_ids")]
-    if not contexts:
-        return
+    contexts = [c for c in map(context_of, models) if c is not None]
     # The first ids in the result are the generated image's (FLUX.1 Kontext returns its reference image's after).
     for context in contexts:
         for tensor in result if isinstance(result, tuple) else (result,):

@@ -83,7 +83,7 @@ def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None) ->
         table = table[0] if table.ndim == 4 else table  # (N, 1, 2D), or one (N, 2D) per sample
         if state is not None:
             state.rotary_tables = (rotary, table)
-    if table.ndim == 3 and table.shape[1] != 1:  # per sample: (B, N, 2D) at (B, M) positions
+    if rotary[0].ndim == 3:  # one (N, D) table per sample (LTX-Video): (B, N, 2D) at (B, M) positions
         gathered = table[_sample_index(merge.batch, table.device), merge.row_token]
     else:
         gathered = table[merge.row_token]  # (B, M, 1, 2D) in one gather

@@ -271,6 +271,11 @@ class Family:
         """
         return self.token_grid(model, args, kwargs)
 
+    def grid_of_ids(self, ids: object) -> tuple[int, int] | None:
+        """The grid that `ids`, a tensor a pipeline's `prepare_latents` returned, number; None for families
+        that do not read their grid from tensor values (all but `IdsGridFamily`)."""
+        return None
+
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, ...] | None:
         """`(h, w)` image tokens of this forward (`(frames, h, w)` on a video family), or None when the call gives
         no grid."""

@@ -63,13 +63,7 @@ class IdsGridFamily(Family):
 
     def grid_of_ids(self, ids: object) -> tuple[int, int] | None:
         """`(h, w)` where `ids` (a pipeline's `img_ids`, one row per image token) number one row-major grid."""
-        if (
-            not isinstance(ids, torch.Tensor)
-            or ids.ndim not in (2, 3)
-            or ids.shape[-1] < 3
-            or ids.is_floating_point() is False
-            and ids.dtype != torch.long
-        ):
+        if not isinstance(ids, torch.Tensor) or ids.ndim not in (2, 3) or ids.shape[-1] < 3:
             return None
         flat = ids[0] if ids.ndim == 3 else ids
         return grid_from_ids(flat, flat.shape[0])
