@@ -2,7 +2,7 @@
 
 A `UNet2DConditionModel` with the SD1.5 layout (cross-attention blocks on the two upper levels, none
 at the bottom, narrow channels) learns DDPM epsilon-prediction on random RGB crops of photos bundled
-with scikit-image, split by whole photo (`tome_processors.bench.quality.TRAIN_IMAGES` / `HELDOUT_IMAGES`).
+with scikit-image, split by whole photo (`tome_processors.bench.photos.TRAIN_IMAGES` / `HELDOUT_IMAGES`).
 Most steps use 32x32 crops (cheap); every `--big-every`-th step uses 64x64 crops so that the top level
 also learns to attend over 4096 tokens, the size it is measured at. Everything random comes from
 `--seed`; the run is reproducible on one thread.
@@ -28,7 +28,8 @@ import diffusers
 import torch
 from diffusers import DDPMScheduler, UNet2DConditionModel
 
-from tome_processors.bench.quality import HELDOUT_IMAGES, TRAIN_IMAGES, context_embedding, load_photo
+from tome_processors.bench.photos import HELDOUT_IMAGES, TRAIN_IMAGES, load_photo
+from tome_processors.bench.quality import context_embedding
 
 CROSS_DIM = 32
 
@@ -80,13 +81,19 @@ def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
 Predict = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, int], torch.Tensor]
 """`predict(model, noisy, timesteps, batch)`: the model's noise prediction for a training batch."""
 
+Draw = Callable[[list[torch.Tensor], int, int, torch.Generator], torch.Tensor]
+"""`draw(photos, batch, size, generator)`: one training batch of clean samples (`random_crops` for images)."""
 
-def fit(model: torch.nn.Module, predict: Predict, args: argparse.Namespace) -> tuple[list[float], float]:
+
+def fit(
+    model: torch.nn.Module, predict: Predict, args: argparse.Namespace, draw: Draw = random_crops
+) -> tuple[list[float], float]:
     """The training loop shared by every shipped denoiser: returns the per-step losses and the wall time.
 
     Small-crop steps use `args.crop` x `args.crop` crops in batches of `args.batch`; every `args.big_every`-th
-    step uses `args.big` x `args.big` crops in batches of `args.big_batch`. The crops, noise and timesteps come
-    from a generator seeded with `args.seed + 1` (the model is initialised from `args.seed` before).
+    step uses `args.big` x `args.big` crops in batches of `args.big_batch`. The crops (or whatever `draw`
+    makes of the training photos), noise and timesteps come from a generator seeded with `args.seed + 1`
+    (the model is initialised from `args.seed` before).
     """
     model.train()
     scheduler = build_scheduler()
@@ -98,7 +105,7 @@ def fit(model: torch.nn.Module, predict: Predict, args: argparse.Namespace) -> t
     for step in range(args.steps):
         big = args.big_every > 0 and step % args.big_every == args.big_every - 1
         size, batch = (args.big, args.big_batch) if big else (args.crop, args.batch)
-        x0 = random_crops(photos, batch, size, generator)
+        x0 = draw(photos, batch, size, generator)
         noise = torch.randn(x0.shape, generator=generator)
         timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (batch,), generator=generator)
         noisy = scheduler.add_noise(x0, noise, timesteps)

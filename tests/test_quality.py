@@ -21,11 +21,10 @@ from diffusers import UNet2DConditionModel
 
 from tome_processors import ToMeConfig, apply_tome, remove_tome
 from tome_processors.bench.methods import baseline_method, ours_method
+from tome_processors.bench.photos import HELDOUT_IMAGES, TRAIN_IMAGES
 from tome_processors.bench.quality import (
     DIT_EPS_CHANGE,
     DIT_PSNR_DROP,
-    HELDOUT_IMAGES,
-    TRAIN_IMAGES,
     TRAINED_COLUMNS,
     QualityProbe,
     bench_denoiser,

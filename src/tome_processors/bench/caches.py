@@ -29,7 +29,8 @@ from diffusers.hooks import FirstBlockCacheConfig, TaylorSeerCacheConfig
 from diffusers.models.cache_utils import CacheMixin
 
 from .engine import Method
-from .quality import heldout_crops, load_denoiser
+from .photos import heldout_crops
+from .quality import load_denoiser
 from .sampling import SamplingProbe
 
 __all__ = [

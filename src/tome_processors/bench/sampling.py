@@ -22,7 +22,7 @@ from diffusers import DDIMScheduler
 from diffusers.models.cache_utils import CacheMixin
 
 from .engine import Apply, relative_error
-from .quality import context_dim, context_embedding, heldout_crops, load_denoiser, predict_noise, psnr
+from .quality import context_dim, context_embedding, heldout_samples, load_denoiser, predict_noise, psnr
 
 
 class SamplingProbe:
@@ -31,7 +31,7 @@ class SamplingProbe:
     Args:
         model: a shipped denoiser (see `quality.load_denoiser`), predicting epsilon on [-1, 1] images.
         scheduler_config: the noise schedule it was trained with; sampling uses DDIM on it.
-        crops: clean images [N, 3, H, W] in [-1, 1].
+        crops: clean images [N, 3, H, W] (or clips [N, 3, F, H, W]) in [-1, 1].
         steps: DDIM steps over the whole schedule; a run takes the last `strength` share of them.
         strength: how far the crops are noised before denoising (0: not at all, 1: pure noise).
         seed: seeds the noise.
@@ -66,14 +66,14 @@ class SamplingProbe:
     def default(
         cls, denoiser: str = "unet", steps: int = 20, strength: float = 0.6, per_image: int = 1, seed: int = 0
     ) -> SamplingProbe:
-        """A shipped denoiser (`"unet"` or `"dit"`) on `per_image` 64x64 crops of each held-out photo.
+        """A shipped denoiser (a name of `quality.DENOISERS`) on its held-out samples (`quality.heldout_samples`).
 
         Example:
             >>> len(SamplingProbe.default("dit", steps=10, strength=0.5).timesteps)
             5
         """
         model, scheduler = load_denoiser(denoiser)
-        return cls(model, scheduler.config, heldout_crops(64, per_image, seed), steps, strength, seed)
+        return cls(model, scheduler.config, heldout_samples(denoiser, per_image, None, seed), steps, strength, seed)
 
     def sample(self) -> torch.Tensor:
         """The denoised crops after the whole trajectory: [N, 3, H, W].
