@@ -20,6 +20,7 @@ import datetime
 import importlib.util
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -182,20 +183,31 @@ class _Prepared(NamedTuple):
     started: float
 
 
+def _combined(
+    metrics: list[Callable[[Method], dict[str, float]]],
+) -> Callable[[Method], dict[str, float]] | None:
+    """One `extra_metrics` callable giving the columns of all of `metrics` (None for none)."""
+    if not metrics:
+        return None
+    return lambda method: {key: value for metric in metrics for key, value in metric(method).items()}
+
+
 def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
     """Single forwards: the rows with the trained-denoiser columns, the table, the JSON and the plot."""
     bench, methods, settings, device, dtype, started = run
-    denoiser = bench_denoiser(bench.family)  # transformer rows are measured on the trained DiT
-    extra_metrics = None
-    if bench.family is not None and bench.family.video:
-        # No trained video denoiser ships yet: the rows show attention's share of the forward instead.
-        extra_metrics = attention_share_metrics(bench.model, bench.forward)
-    elif request.trained_quality:
+    denoiser = bench_denoiser(bench.family)  # each row is measured on the trained model of the family's shape
+    metrics: list[Callable[[Method], dict[str, float]]] = []
+    if bench.family is not None and bench.family.video:  # video rows also show attention's share
+        metrics.append(attention_share_metrics(bench.model, bench.forward))
+    trained = False
+    if request.trained_quality:
         if importlib.util.find_spec("skimage") is None:
             print('note: the trained-denoiser columns need scikit-image: pip install "tome-processors[bench]".')
         else:
-            extra_metrics = trained_quality_metrics(denoiser)
-    elif request.plot_error == "trained":
+            metrics.append(trained_quality_metrics(denoiser))
+            trained = True
+    extra_metrics = _combined(metrics)
+    if request.plot_error == "trained" and not trained:
         print("note: --plot-error trained needs the trained-quality columns; plotting the random-weight error.")
     rows = run_benchmark(bench.model, methods, bench.forward, settings, extra_metrics=extra_metrics)
     meta = _meta(request, device, dtype, bench, started)
@@ -207,8 +219,7 @@ def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
         print(f"JSON: {save_json(rows, meta, request.json_path)}")
     if request.plot_path:
         title = f"{bench.description}, {bench.resolution} px, batch {request.batch}, {meta['dtype']} on {device.type}"
-        trained = request.plot_error == "trained" and extra_metrics is not None
-        error_key = TRAINED_COLUMNS[denoiser][0] if trained else None
+        error_key = TRAINED_COLUMNS[denoiser][0] if trained and request.plot_error == "trained" else None
         print(f"plot: {save_plot(rows, request.plot_path, title, error_key=error_key)}")
     return 0
 
