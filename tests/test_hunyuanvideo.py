@@ -4,6 +4,7 @@ video tokens and the text, rotary tables over the video alone, the model's mask 
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel
 
 import tome_processors as tp
 from tome_processors import ToMeProcessor, joint_attention
+from tome_processors.bench.dit import build_transformer, make_transformer_inputs
 from tome_processors.bench.pipelines import write_clip_tokenizer
+from tome_processors.cli.main import main
 from tome_processors.families import HunyuanVideoFamily, Layout, family_of
 
 from leftovers import hooks_left, tome_attributes_left
@@ -289,3 +292,27 @@ def test_pipeline_generates_the_same_video_twice_with_tome(how, tmp_path):
     torch.testing.assert_close(first, expected, rtol=0, atol=1e-6)
     tp.remove_tome(pipe) if how != "enable_tome" else tp.disable_tome(pipe)
     assert torch.equal(generate(pipe), plain)
+
+
+# ---------------------------------------------------------------- the bench
+
+
+def test_bench_builds_hunyuanvideo_at_the_real_width_and_clip():
+    model = build_transformer("hunyuanvideo", layers=1)
+    assert (model.config.num_layers, model.config.num_single_layers) == (1, 1)
+    assert model.transformer_blocks[0].attn.heads == 24 and model.config.attention_head_dim == 128
+    inputs = make_transformer_inputs(model, "hunyuanvideo", 1, 544, frames=33, width=960)
+    assert inputs.kwargs["hidden_states"].shape == (1, 16, 9, 68, 120)  # 9 x 34 x 60 = 18,360 tokens
+    assert inputs.kwargs["encoder_hidden_states"].shape == (1, 256, 4096)
+    assert family_of(model).token_grid(model, (), inputs.kwargs) == (9, 34, 60)
+
+
+def test_bench_runs_the_quick_hunyuanvideo_with_its_presets(tmp_path):
+    path = tmp_path / "hunyuanvideo.json"
+    argv = ["bench", "--quick", "--arch", "hunyuanvideo", "--rounds", "1", "--no-progress", "--no-memory"]
+    assert main([*argv, "--ratios", "0.5", "--presets", "balanced", "--json", str(path)]) == 0
+    rows = {row["name"]: row for row in json.loads(path.read_text())["rows"]}
+    assert sorted(rows) == ["baseline", "ours balanced r=0.5", "ours r=0.5"]
+    for name, row in rows.items():
+        if name != "baseline":
+            assert 0 < row["rel_error"] < 1
