@@ -33,7 +33,11 @@ TEXT_DIM, POOLED_DIM, TEXT = 16, 8, 7  # text tokens: not a multiple of anything
 
 
 def tiny_hunyuanvideo(
-    num_layers: int = 1, num_single_layers: int = 2, channels: int = 4, text_dim: int = TEXT_DIM
+    num_layers: int = 1,
+    num_single_layers: int = 2,
+    channels: int = 4,
+    text_dim: int = TEXT_DIM,
+    image_condition_type: str | None = None,
 ) -> HunyuanVideoTransformer3DModel:
     torch.manual_seed(0)
     return HunyuanVideoTransformer3DModel(
@@ -49,6 +53,7 @@ def tiny_hunyuanvideo(
         text_embed_dim=text_dim,
         pooled_projection_dim=POOLED_DIM,
         rope_axes_dim=(4, 6, 6),
+        image_condition_type=image_condition_type,
     ).eval()
 
 
@@ -211,6 +216,21 @@ def test_temporal_windows_merge_across_frames():
     tp.apply_tome(model, ratio=0.5)
     per_frame = run(model, inputs)
     assert not torch.allclose(across, plain, atol=1e-4) and not torch.allclose(across, per_frame, atol=1e-4)
+
+
+def test_image_to_video_token_replace_blocks_merge_per_sample_and_are_removed_exactly():
+    # HunyuanVideo-I2V's `token_replace` blocks (other classes, the same attention call) merge as the others.
+    model, inputs = tiny_hunyuanvideo(image_condition_type="token_replace"), hunyuanvideo_inputs()
+    plain = run(model, inputs)
+    tp.apply_tome(model, ratio=0.5, use_rand=False)
+    assert count_merges(model, inputs) == 3
+    both = run(model, inputs)
+    assert torch.isfinite(both).all() and not torch.allclose(both, plain, atol=1e-4)
+    for b in range(2):
+        one = {k: v[b : b + 1] for k, v in inputs.items()}
+        torch.testing.assert_close(run(model, one)[0], both[b], rtol=1e-4, atol=1e-5)
+    tp.remove_tome(model)
+    assert torch.equal(run(model, inputs), plain)
 
 
 def test_k_v_pooling_is_refused():
