@@ -23,6 +23,7 @@ from diffusers.models.transformers.transformer_flux2 import (
     Flux2ParallelSelfAttnProcessor,
 )
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 
 import tome_processors as tp
 from tome_processors.batched_rotary import SAMPLE_TABLE_PROCESSORS, SampleTables, sample_tables, takes_sample_tables
@@ -90,12 +91,13 @@ def _flux2_parallel() -> tuple[torch.nn.Module, object, dict]:
     return Flux2ParallelSelfAttention(DIM, HEADS, HEAD_DIM), Flux2ParallelSelfAttnProcessor(), {"text": False}
 
 
-def _hunyuanvideo(single: bool) -> tuple[torch.nn.Module, object, dict]:
+def _hunyuanvideo(single: bool, processor: type = HunyuanVideoAttnProcessor2_0) -> tuple[torch.nn.Module, object, dict]:
     """HunyuanVideo's double-stream (added K/V) or single-stream attention; its tables cover the image alone."""
     joint = {} if single else {"added_kv_proj_dim": DIM, "context_pre_only": False}
     attn = Attention(DIM, dim_head=HEAD_DIM, heads=HEADS, out_dim=DIM, bias=True, qk_norm="rms_norm", eps=1e-6,
                      pre_only=single, **joint)  # fmt: skip
-    return attn, HunyuanVideoAttnProcessor2_0(), {"text": True, "image_only_rotary": True}
+    extra = {"mask": True} if processor is HunyuanVideo15AttnProcessor2_0 else {}  # 1.5's needs the text's mask
+    return attn, processor(), {"text": True, "image_only_rotary": True, **extra}
 
 
 PROCESSORS = {
@@ -106,6 +108,7 @@ PROCESSORS = {
     "flux2-parallel": _flux2_parallel,
     "hunyuanvideo-double": lambda: _hunyuanvideo(single=False),
     "hunyuanvideo-single": lambda: _hunyuanvideo(single=True),
+    "hunyuanvideo15": lambda: _hunyuanvideo(single=False, processor=HunyuanVideo15AttnProcessor2_0),
 }
 
 
@@ -126,10 +129,13 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
     rotated = ROWS + (TEXT if parts["text"] and not parts.get("image_only_rotary") else 0)
     cos, sin = per_sample_tables(batch, rotated)
     kwargs = {"ip_hidden_states": [torch.randn(batch, 4, IP_DIM, generator=g)]} if parts.get("ip") else {}
+    mask = torch.arange(TEXT).expand(batch, TEXT) < TEXT - 1  # over the text alone, its last token padding
 
     def call(b: slice | None, rotary: tuple) -> object:
         pick = (lambda x: x) if b is None else (lambda x: x[b])
         extra = {k: [pick(t) for t in v] for k, v in kwargs.items()}
+        if parts.get("mask"):
+            extra["attention_mask"] = pick(mask)
         if parts["text"]:
             return processor(attn, pick(image), pick(text), image_rotary_emb=rotary, **extra)
         return processor(attn, pick(image), image_rotary_emb=rotary, **extra)

@@ -1,6 +1,6 @@
 """HunyuanVideo (`HunyuanVideoTransformer3DModel`): double- and single-stream blocks over a `(frames, h, w)` grid of
 video tokens and the text, rotary tables over the video alone, the model's mask over the text's padding, and whole
-`HunyuanVideoPipeline` calls."""
+`HunyuanVideoPipeline` calls; HunyuanVideo 1.5 (`HunyuanVideo15Transformer3DModel`) at the model level."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ import torch
 from diffusers import (
     AutoencoderKLHunyuanVideo,
     FlowMatchEulerDiscreteScheduler,
+    HunyuanVideo15Transformer3DModel,
     HunyuanVideoPipeline,
     HunyuanVideoTransformer3DModel,
 )
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel
 
 import tome_processors as tp
@@ -24,7 +26,7 @@ from tome_processors import ToMeProcessor, joint_attention
 from tome_processors.bench.dit import build_transformer, make_transformer_inputs
 from tome_processors.bench.pipelines import write_clip_tokenizer
 from tome_processors.cli.main import main
-from tome_processors.families import HunyuanVideoFamily, Layout, family_of
+from tome_processors.families import HunyuanVideo15Family, HunyuanVideoFamily, Layout, family_of
 
 from leftovers import hooks_left, tome_attributes_left
 from test_new_families import write_qwen_tokenizer
@@ -336,3 +338,107 @@ def test_bench_runs_the_quick_hunyuanvideo_with_its_presets(tmp_path):
     for name, row in rows.items():
         if name != "baseline":
             assert 0 < row["rel_error"] < 1
+
+
+# ---------------------------------------------------------------- HunyuanVideo 1.5
+
+
+def tiny_hunyuanvideo15(num_layers: int = 2) -> HunyuanVideo15Transformer3DModel:
+    torch.manual_seed(0)
+    return HunyuanVideo15Transformer3DModel(
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=16,
+        num_layers=num_layers,
+        num_refiner_layers=1,
+        patch_size=1,
+        patch_size_t=1,
+        text_embed_dim=TEXT_DIM,
+        text_embed_2_dim=8,
+        image_embed_dim=12,
+        rope_axes_dim=(4, 6, 6),
+    ).eval()
+
+
+def hunyuanvideo15_inputs(batch: int = 2, frames: int = 3, h: int = 6, w: int = 8, seed: int = 0) -> dict:
+    """As HunyuanVideo15Pipeline calls the model for text-to-video (zero image embeddings): the Qwen text with its
+    last two tokens padding, the ByT5 text (the second sample's last token padding)."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(batch, TEXT, dtype=torch.long)
+    mask[:, TEXT - 2 :] = 0
+    mask_2 = torch.ones(batch, 4, dtype=torch.long)
+    mask_2[1:, 3:] = 0
+    return {
+        "hidden_states": torch.randn(batch, 4, frames, h, w, generator=g),
+        "timestep": torch.full((batch,), 500.0),
+        "encoder_hidden_states": torch.randn(batch, TEXT, TEXT_DIM, generator=g),
+        "encoder_attention_mask": mask,
+        "encoder_hidden_states_2": torch.randn(batch, 4, 8, generator=g),
+        "encoder_attention_mask_2": mask_2,
+        "image_embeds": torch.zeros(batch, 3, 12),
+    }
+
+
+def test_hunyuanvideo15_family_reads_the_grid_and_finds_every_block():
+    model = tiny_hunyuanvideo15()
+    family = family_of(model)
+    assert isinstance(family, HunyuanVideo15Family) and family.video and family.name == "hunyuanvideo15"
+    sites = family.blocks(model)
+    assert [site.module for site in sites] == list(model.transformer_blocks)
+    assert [s.feed_forward for s in sites] == [block.ff for block in model.transformer_blocks]
+    refiners = set(model.context_embedder.modules())
+    assert not any(a.module in refiners for s in sites for a in s.attentions)
+    assert family.token_grid(model, (), hunyuanvideo15_inputs(frames=3, h=6, w=8)) == (3, 6, 8)
+
+
+@pytest.mark.parametrize("options", [{"ratio": 0.5}, {"preset": "balanced"}, {"preset": "fast"}])
+def test_hunyuanvideo15_merges_and_removal_restores_the_model_bit_for_bit(options):
+    model, inputs = tiny_hunyuanvideo15(), hunyuanvideo15_inputs(frames=4)
+    plain = run(model, inputs)
+    tp.apply_tome(model, **options)
+    assert count_merges(model, inputs) == 2
+    merged = run(model, inputs)
+    assert merged.shape == plain.shape and torch.isfinite(merged).all()
+    assert not torch.allclose(merged, plain, atol=1e-4)
+    tp.remove_tome(model)
+    assert torch.equal(run(model, inputs), plain)
+    assert hooks_left(model) == 0 and tome_attributes_left(model) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tp.apply_tome(model, ratio=0.0)
+    assert torch.equal(run(model, inputs), plain)
+
+
+def test_hunyuanvideo15_samples_keep_their_own_merge_and_the_text_mask(monkeypatch):
+    # Each sample has its own text padding (the model reorders valid tokens first): a batch of two equals two
+    # batches of one. The blocks' mask covers the text alone (the processor pads it over the video): it reaches
+    # the processor as it is, with the merged video tokens.
+    model = tiny_hunyuanvideo15()
+    tp.apply_tome(model, ratio=0.5, use_rand=False)
+    inputs = hunyuanvideo15_inputs(seed=3)
+    seen = []
+    original = HunyuanVideo15AttnProcessor2_0.__call__
+
+    def spying(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+        seen.append((hidden_states.shape[1], attention_mask))
+        return original(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(HunyuanVideo15AttnProcessor2_0, "__call__", spying)
+        both = run(model, inputs)
+    tokens, text = 3 * 6 * 8, TEXT + 4 + 3  # the video; Qwen, ByT5 and image-embedding tokens
+    assert [rows for rows, _ in seen] == [tokens - int(tokens * 0.5)] * 2
+    assert all(mask.shape == (2, text) and not mask.all() for _, mask in seen)
+    for b in range(2):
+        one = {k: v[b : b + 1] for k, v in inputs.items()}
+        torch.testing.assert_close(run(model, one)[0], both[b], rtol=1e-4, atol=1e-5)
+
+
+def test_hunyuanvideo15_temporal_windows_merge_across_frames():
+    model, inputs = tiny_hunyuanvideo15(), hunyuanvideo15_inputs(frames=4)
+    tp.apply_tome(model, st=2, sx=1, sy=1, ratio=0.5)
+    across = run(model, inputs)
+    assert count_merges(model, inputs) == 2
+    tp.apply_tome(model, ratio=0.5)
+    assert not torch.allclose(across, run(model, inputs), atol=1e-4)

@@ -89,10 +89,12 @@ def _merged_mask(
     The attention's sequence is `lead` tokens (text), the grid's, then `tail` others. Only families whose
     masks mask text tokens alone get here with a mask (`masks_text_only`; `_merge_for` refuses others):
     every grid position holds the same value, so the lead and tail positions are kept exactly and grid
-    positions are dropped, as many as the merge removes (slices: no copy, no host sync).
+    positions are dropped, as many as the merge removes (slices: no copy, no host sync). A mask over the lead
+    and tail alone (HunyuanVideo 1.5's over the text, which its processor pads over the image itself) is left
+    as it is.
     """
     mask = argument(args, kwargs, mask_at, "attention_mask")
-    if not isinstance(mask, torch.Tensor):
+    if not isinstance(mask, torch.Tensor) or mask.shape[-1] == lead + tail:
         return args, kwargs
     length, removed = mask.shape[-1], merge.num_tokens - merge.num_rows
     if tail and lead:  # both kept: the lead and the grid's first rows, then the tail

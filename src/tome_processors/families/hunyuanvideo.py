@@ -1,12 +1,14 @@
-"""HunyuanVideo: double-stream, then single-stream blocks over a `(frames, h, w)` grid of video tokens and the text."""
+"""HunyuanVideo (and 1.5): double-stream (then single-stream) blocks over a `(frames, h, w)` grid of video tokens and
+the text."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from diffusers import HunyuanVideoTransformer3DModel
+from diffusers import HunyuanVideo15Transformer3DModel, HunyuanVideoTransformer3DModel
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 
 from ..arguments import argument
 from .base import Family, Layout, Rotary, Stack
@@ -55,3 +57,22 @@ class HunyuanVideoFamily(Family):
             return None
         p, p_t = int(model.config.patch_size), int(model.config.patch_size_t)
         return int(x.shape[2]) // p_t, int(x.shape[3]) // p, int(x.shape[4]) // p
+
+
+class HunyuanVideo15Family(HunyuanVideoFamily):
+    """`HunyuanVideo15Transformer3DModel` (HunyuanVideo 1.5, text- and image-to-video): its double-stream blocks.
+
+    As HunyuanVideo's double-stream blocks: the video tokens merge inside attention, the text (the Qwen, ByT5
+    and image-embedding tokens, reordered per sample) never; the token refiner is left as it is. The mask the
+    blocks pass covers the text alone and the processor pads it over the video tokens itself, so it fits any
+    number of merged rows and is passed as it is. The latent (the noisy latent, the condition and its mask
+    concatenated over channels) gives the grid over `patch_size_t` and `patch_size` (1 in the released models).
+    """
+
+    name = "hunyuanvideo15"
+    model_class = HunyuanVideo15Transformer3DModel
+    stacks = (
+        Stack(
+            "transformer_blocks", Layout.JOINT_IMAGE_FIRST, feed_forward="ff", built_with=HunyuanVideo15AttnProcessor2_0
+        ),
+    )
