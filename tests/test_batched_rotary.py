@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from diffusers.models.attention_processor import Attention
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import (
     FluxAttention,
@@ -21,6 +22,8 @@ from diffusers.models.transformers.transformer_flux2 import (
     Flux2ParallelSelfAttention,
     Flux2ParallelSelfAttnProcessor,
 )
+from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 
 import tome_processors as tp
 from tome_processors.batched_rotary import SAMPLE_TABLE_PROCESSORS, SampleTables, sample_tables, takes_sample_tables
@@ -88,12 +91,24 @@ def _flux2_parallel() -> tuple[torch.nn.Module, object, dict]:
     return Flux2ParallelSelfAttention(DIM, HEADS, HEAD_DIM), Flux2ParallelSelfAttnProcessor(), {"text": False}
 
 
+def _hunyuanvideo(single: bool, processor: type = HunyuanVideoAttnProcessor2_0) -> tuple[torch.nn.Module, object, dict]:
+    """HunyuanVideo's double-stream (added K/V) or single-stream attention; its tables cover the image alone."""
+    joint = {} if single else {"added_kv_proj_dim": DIM, "context_pre_only": False}
+    attn = Attention(DIM, dim_head=HEAD_DIM, heads=HEADS, out_dim=DIM, bias=True, qk_norm="rms_norm", eps=1e-6,
+                     pre_only=single, **joint)  # fmt: skip
+    extra = {"mask": True} if processor is HunyuanVideo15AttnProcessor2_0 else {}  # 1.5's needs the text's mask
+    return attn, processor(), {"text": True, "image_only_rotary": True, **extra}
+
+
 PROCESSORS = {
     "flux-joint": _flux_joint,
     "flux-single": _flux_single,
     "flux-ip-adapter": _flux_ip_adapter,
     "flux2-joint": _flux2_joint,
     "flux2-parallel": _flux2_parallel,
+    "hunyuanvideo-double": lambda: _hunyuanvideo(single=False),
+    "hunyuanvideo-single": lambda: _hunyuanvideo(single=True),
+    "hunyuanvideo15": lambda: _hunyuanvideo(single=False, processor=HunyuanVideo15AttnProcessor2_0),
 }
 
 
@@ -111,12 +126,16 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
     batch = 2
     image = torch.randn(batch, ROWS, DIM, generator=g)
     text = torch.randn(batch, TEXT, DIM, generator=g) if parts["text"] else None
-    cos, sin = per_sample_tables(batch, ROWS + (TEXT if parts["text"] else 0))
+    rotated = ROWS + (TEXT if parts["text"] and not parts.get("image_only_rotary") else 0)
+    cos, sin = per_sample_tables(batch, rotated)
     kwargs = {"ip_hidden_states": [torch.randn(batch, 4, IP_DIM, generator=g)]} if parts.get("ip") else {}
+    mask = torch.arange(TEXT).expand(batch, TEXT) < TEXT - 1  # over the text alone, its last token padding
 
     def call(b: slice | None, rotary: tuple) -> object:
         pick = (lambda x: x) if b is None else (lambda x: x[b])
         extra = {k: [pick(t) for t in v] for k, v in kwargs.items()}
+        if parts.get("mask"):
+            extra["attention_mask"] = pick(mask)
         if parts["text"]:
             return processor(attn, pick(image), pick(text), image_rotary_emb=rotary, **extra)
         return processor(attn, pick(image), image_rotary_emb=rotary, **extra)

@@ -20,6 +20,7 @@ from leftovers import hooks_left, tome_attributes_left
 from models import tiny_unet, unet_inputs
 from pipelines import family_pipeline
 from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
+from test_hunyuanvideo import hunyuanvideo_inputs, tiny_hunyuanvideo
 from test_ltx import ltx_inputs, tiny_ltx
 from test_new_families import (
     chroma_inputs,
@@ -54,6 +55,7 @@ MODELS = {
     "zimage": (tiny_zimage, lambda h=6, w=8: zimage_inputs(h=h, w=w)),
     "wan": (tiny_wan, lambda h=8, w=12: wan_inputs(h=h, w=w)),
     "ltx": (tiny_ltx, lambda h=6, w=8: ltx_inputs(h=h, w=w)),
+    "hunyuanvideo": (tiny_hunyuanvideo, lambda h=6, w=8: hunyuanvideo_inputs(h=h, w=w)),
 }
 #: One model per family.
 FAMILIES = [name for name in sorted(MODELS) if name != "sd3-single"]
@@ -183,6 +185,7 @@ COMPILE_SIZES = {
     "zimage": [(6, 10), (10, 6)],
     "wan": [(8, 12), (12, 8)],
     "ltx": [(6, 8), (8, 6)],
+    "hunyuanvideo": [(6, 8), (8, 6)],
 }
 
 
@@ -309,7 +312,15 @@ def test_level_ratios_missing_every_unet_level_warn():
 
 @pytest.mark.parametrize(
     "family, has_cross",
-    [("sd3", False), ("flux", False), ("qwenimage", False), ("pixart", True), ("unet", True), ("wan", True)],
+    [
+        ("sd3", False),
+        ("flux", False),
+        ("qwenimage", False),
+        ("hunyuanvideo", False),
+        ("pixart", True),
+        ("unet", True),
+        ("wan", True),
+    ],
 )
 def test_merge_crossattn_warns_where_there_is_no_cross_attention(family, has_cross):
     model = MODELS[family][0]()

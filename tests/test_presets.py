@@ -18,6 +18,7 @@ from tome_processors.pipeline import tome_config_of
 from models import tiny_unet
 from pipelines import svd_inputs, tiny_sd_pipeline, tiny_svd_unet
 from test_dit import ARCHS
+from test_hunyuanvideo import hunyuanvideo15_inputs, hunyuanvideo_inputs, tiny_hunyuanvideo, tiny_hunyuanvideo15
 from test_ltx import ltx_inputs, tiny_ltx
 from test_new_families import CASES
 from test_video import tiny_wan, wan_inputs
@@ -45,6 +46,10 @@ def model_and_inputs(family: str) -> tuple[torch.nn.Module, dict]:
         return tiny_wan(), wan_inputs()
     if family == "ltx":
         return tiny_ltx(), ltx_inputs()
+    if family == "hunyuanvideo":
+        return tiny_hunyuanvideo(), hunyuanvideo_inputs()
+    if family == "hunyuanvideo15":
+        return tiny_hunyuanvideo15(), hunyuanvideo15_inputs()
     return ARCHS[family].build(), ARCHS[family].inputs()
 
 

@@ -20,13 +20,22 @@ from typing import Any
 import torch
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
+from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 
 __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
-#: (FLUX.1 and Chroma, FLUX.2). Exact types: a subclass may read the table some other way.
+#: (FLUX.1 and Chroma, FLUX.2, HunyuanVideo and 1.5). Exact types: a subclass may read the table some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
-    {FluxAttnProcessor, FluxIPAdapterAttnProcessor, Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor}
+    {
+        FluxAttnProcessor,
+        FluxIPAdapterAttnProcessor,
+        Flux2AttnProcessor,
+        Flux2ParallelSelfAttnProcessor,
+        HunyuanVideoAttnProcessor2_0,
+        HunyuanVideo15AttnProcessor2_0,
+    }
 )
 
 _ALL = slice(None)

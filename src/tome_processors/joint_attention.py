@@ -1,10 +1,12 @@
 """Merged attention where image tokens sit next to text tokens (SD3 joint attention, Flux).
 
 Only the image tokens are merged; text tokens reach the inner processor whole and its text output
-is returned as it is. Two layouts (see `families.Layout`):
+is returned as it is. The layouts (see `families.Layout`):
 
 - JOINT: `processor(attn, image, text, mask, rotary, ...)` returning `(image, text, ...)`. The image
-  tokens are merged, the image output(s) unmerged, the text output untouched.
+  tokens are merged, the image output(s) unmerged, the text output untouched. JOINT_IMAGE_FIRST: the same
+  call, where the processor attends over the image then the text (HunyuanVideo), so a mask over the whole
+  sequence is cut at its start.
 - TEXT_FIRST: `processor(attn, cat(text, image), None, mask, rotary)` returning `cat(text, image)`.
   The merge covers the whole sequence, each text token a row of its own ahead of the image rows
   (`TokenMerge.text_rows`): the text goes through merge and unmerge unchanged, and nothing is sliced
@@ -50,14 +52,18 @@ def run_with_text(
         return inner(attn, hidden_states, *args, **kwargs)
     masked = model.masks_text_only
     at = (slot.rotary_at if slot.rotary_at is not None else spec.position, spec.name)  # where the tables are
-    if slot.layout is Layout.JOINT:
+    if slot.layout is Layout.JOINT or slot.layout is Layout.JOINT_IMAGE_FIRST:
         text = argument(args, kwargs, 0, "encoder_hidden_states")
         text_len = int(text.shape[1]) if isinstance(text, torch.Tensor) else 0
-        ahead = text_len if spec.covers_text else 0  # positions ahead of the image's in the rotary tables
+        text_first = slot.layout is Layout.JOINT
+        # Positions ahead of the image's in the rotary tables. Tables that cover the text after the image
+        # would need rows of their own at the end: they do not fit, and the tokens are left unmerged.
+        ahead = text_len if spec.covers_text and text_first else 0
         merge = processor._merge_for(slot, hidden_states, args, kwargs, ahead, tail=extra, mask_fits=masked)
         if merge is None or not _rotary_fits(spec, at, args, kwargs, ahead + merge.num_tokens, merge.batch):
             return inner(attn, hidden_states, *args, **kwargs)
-        args, kwargs = _merged_mask(args, kwargs, slot.mask_at, text_len, extra, merge)
+        lead, tail = (text_len, extra) if text_first else (0, extra + text_len)  # the mask's sequence
+        args, kwargs = _merged_mask(args, kwargs, slot.mask_at, lead, tail, merge)
         return _unmerge_joint(_call(inner, attn, merge.merge(hidden_states), args, kwargs, merge, spec, at), merge)
 
     if slot.layout is Layout.IMAGE_FIRST:  # the grid's tokens, then `extra` others
@@ -83,10 +89,12 @@ def _merged_mask(
     The attention's sequence is `lead` tokens (text), the grid's, then `tail` others. Only families whose
     masks mask text tokens alone get here with a mask (`masks_text_only`; `_merge_for` refuses others):
     every grid position holds the same value, so the lead and tail positions are kept exactly and grid
-    positions are dropped, as many as the merge removes (slices: no copy, no host sync).
+    positions are dropped, as many as the merge removes (slices: no copy, no host sync). A mask over the lead
+    and tail alone (HunyuanVideo 1.5's over the text, which its processor pads over the image itself) is left
+    as it is.
     """
     mask = argument(args, kwargs, mask_at, "attention_mask")
-    if not isinstance(mask, torch.Tensor):
+    if not isinstance(mask, torch.Tensor) or mask.shape[-1] == lead + tail:
         return args, kwargs
     length, removed = mask.shape[-1], merge.num_tokens - merge.num_rows
     if tail and lead:  # both kept: the lead and the grid's first rows, then the tail
@@ -119,8 +127,9 @@ def _rotary_tables(rotary: Any) -> list[torch.Tensor]:
 
 
 def _gathered(spec: Rotary, tables: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The tables that follow the merged rows: all of them, or the image's alone (`Rotary.covers_text`)."""
-    return tables if spec.covers_text else tables[:1]
+    """The tables that follow the merged rows: all of them, or the image's alone (`Rotary.covers_text`,
+    `Rotary.text_table`)."""
+    return tables if spec.covers_text or not spec.text_table else tables[:1]
 
 
 def _rotary_fits(spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, num_positions: int, batch: int) -> bool:
@@ -208,8 +217,8 @@ def _call(
     rotary = argument(args, kwargs, *where)
     if rotary is None:
         return inner(attn, merged, *args, **kwargs)
-    # FLUX-style tables over the whole sequence, to a processor known to take a table per sample: one call.
-    if spec.covers_text and not spec.batched and takes_sample_tables(inner):
+    # FLUX-style tables (every one follows the rows), to a processor known to take a table per sample: one call.
+    if (spec.covers_text or not spec.text_table) and not spec.batched and takes_sample_tables(inner):
         args, kwargs = replace_argument(args, kwargs, *where, _batched_rotary(rotary, merge))
         return inner(attn, merged, *args, **kwargs)
     per_call = _merged_rotary(spec, rotary, merge)

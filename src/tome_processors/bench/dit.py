@@ -2,7 +2,8 @@
 
 The full-size architectures follow the published transformer configs of PixArt-α (XL-2, 1024 px),
 Stable Diffusion 3 medium, FLUX.1-dev, Qwen-Image, FLUX.2-dev, Chroma1-HD, Z-Image-Turbo and the video
-model Wan2.1-T2V-1.3B (its inputs are a latent clip of `frames` frames at `resolution x width` pixels).
+models Wan2.1-T2V-1.3B, LTX-Video 2B and HunyuanVideo (13 B; their inputs are a latent clip of `frames` frames at
+`resolution x width` pixels).
 Nothing is downloaded; weights are diffusers' random initialisation, so speed and memory are those of the
 real model while the output change says nothing about image quality. FLUX.1-dev has 12 B parameters: about
 48 GB in float32, 24 GB in bfloat16; FLUX.2-dev 32 B. `layers` (`--layers`) keeps the real width and
@@ -26,6 +27,7 @@ from diffusers import (
     ChromaTransformer2DModel,
     Flux2Transformer2DModel,
     FluxTransformer2DModel,
+    HunyuanVideoTransformer3DModel,
     LTXVideoTransformer3DModel,
     PixArtTransformer2DModel,
     QwenImageTransformer2DModel,
@@ -163,6 +165,26 @@ _FULL: dict[str, dict[str, Any]] = {
         eps=1e-6,
         rope_max_seq_len=1024,
     ),
+    # HunyuanVideo (13 B): 20 double- and 40 single-stream blocks, 24 heads x 128; Llama's 4096-wide text, CLIP-L's
+    # 768-wide pooled projection; guidance-distilled.
+    "hunyuanvideo": dict(
+        in_channels=16,
+        out_channels=16,
+        num_attention_heads=24,
+        attention_head_dim=128,
+        num_layers=20,
+        num_single_layers=40,
+        num_refiner_layers=2,
+        mlp_ratio=4.0,
+        patch_size=2,
+        patch_size_t=1,
+        qk_norm="rms_norm",
+        guidance_embeds=True,
+        text_embed_dim=4096,
+        pooled_projection_dim=768,
+        rope_theta=256.0,
+        rope_axes_dim=(16, 56, 56),
+    ),
 }
 _QUICK: dict[str, dict[str, Any]] = {
     "pixart": dict(_FULL["pixart"], num_attention_heads=2, attention_head_dim=16, num_layers=2, cross_attention_dim=32,
@@ -186,13 +208,16 @@ _QUICK: dict[str, dict[str, Any]] = {
                 cross_attention_dim=16, num_layers=2, caption_channels=32),
     "wan": dict(_FULL["wan"], num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=32,
                 freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=64),
+    "hunyuanvideo": dict(_FULL["hunyuanvideo"], in_channels=4, out_channels=4, num_attention_heads=2,
+                         attention_head_dim=16, num_layers=1, num_single_layers=2, num_refiner_layers=1,
+                         text_embed_dim=32, pooled_projection_dim=8, rope_axes_dim=(4, 6, 6)),
 }  # fmt: skip
 
 #: Architecture name -> transformer config (the full-size one).
 TRANSFORMER_ARCHITECTURES = _FULL
 #: Text tokens of each family's pipeline: PixArt-α's T5 (120), SD3's CLIP + T5 (77 + 256), Flux's T5 (512),
-#: FLUX.2's Mistral and Chroma's T5 (padded to 512), Wan's UMT5 (512); Qwen-Image and Z-Image do not pad
-#: their prompts: 128 stands for a long prompt.
+#: FLUX.2's Mistral and Chroma's T5 (padded to 512), Wan's UMT5 (512), HunyuanVideo's Llama (padded to 256);
+#: Qwen-Image and Z-Image do not pad their prompts: 128 stands for a long prompt.
 TEXT_TOKENS = {
     "pixart": 120,
     "sd3": 333,
@@ -203,16 +228,18 @@ TEXT_TOKENS = {
     "zimage": 128,
     "wan": 512,
     "ltx": 128,
+    "hunyuanvideo": 256,
 }
 #: The config fields that set a model's depth (`layers` caps each).
 _DEPTH_FIELDS = ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers")
 #: Video architectures: inputs are clips (`frames`, and `width` beside `resolution`, the height).
-VIDEO_ARCHITECTURES = ("wan", "ltx")
+VIDEO_ARCHITECTURES = ("wan", "ltx", "hunyuanvideo")
 #: A video architecture's clip when none is given: height, width, pixel frames (Wan's 480p, 33 frames;
-#: LTX-Video's 512 x 768, 121 frames).
-VIDEO_DEFAULTS = {"wan": (480, 832, 33), "ltx": (512, 768, 121)}
-#: The VAE's stride in time and space (Wan's: 4 frames, 8 pixels; LTX-Video's: 8 frames, 32 pixels).
-VIDEO_STRIDES = {"wan": (4, 8), "ltx": (8, 32)}
+#: LTX-Video's 512 x 768, 121 frames; HunyuanVideo's 544 x 960, 33 frames).
+VIDEO_DEFAULTS = {"wan": (480, 832, 33), "ltx": (512, 768, 121), "hunyuanvideo": (544, 960, 33)}
+#: The VAE's stride in time and space (Wan's and HunyuanVideo's: 4 frames, 8 pixels; LTX-Video's: 8 frames,
+#: 32 pixels).
+VIDEO_STRIDES = {"wan": (4, 8), "ltx": (8, 32), "hunyuanvideo": (4, 8)}
 #: Text tokens for the `--quick` models.
 QUICK_TEXT_TOKENS = 16
 
@@ -227,6 +254,7 @@ _MODEL_CLASSES: dict[str, type] = {
     "zimage": ZImageTransformer2DModel,
     "wan": WanTransformer3DModel,
     "ltx": LTXVideoTransformer3DModel,
+    "hunyuanvideo": HunyuanVideoTransformer3DModel,
 }
 
 
@@ -380,6 +408,18 @@ def make_transformer_inputs(
             "num_frames": grid[0],
             "height": grid[1],
             "width": grid[2],
+        }
+    elif arch == "hunyuanvideo":  # a latent clip, the Llama text, CLIP's pooled projection, distilled guidance
+        _, default_width, default_frames = VIDEO_DEFAULTS[arch]
+        stride = VIDEO_STRIDES[arch][1]
+        clip = (latent_frames(arch, frames or default_frames), resolution // stride, (width or default_width) // stride)
+        kwargs = {
+            "hidden_states": randn(batch, config.in_channels, *clip),
+            "timestep": torch.full((batch,), 500.0, device=device, dtype=dtype),
+            "encoder_hidden_states": randn(batch, text_len, config.text_embed_dim),
+            "encoder_attention_mask": torch.ones(batch, text_len, dtype=torch.long, device=device),
+            "pooled_projections": randn(batch, config.pooled_projection_dim),
+            "guidance": torch.full((batch,), 6000.0, device=device, dtype=dtype),  # the pipeline's 6.0 * 1000
         }
     elif arch in VIDEO_ARCHITECTURES:
         _, default_width, default_frames = VIDEO_DEFAULTS[arch]

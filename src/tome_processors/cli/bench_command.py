@@ -68,14 +68,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a transformer --arch (wan too) at its real width with at most this many blocks per block list; "
         "ratios are per block",
     )
-    video = parser.add_argument_group("video models (--arch wan, svd)")
+    video = parser.add_argument_group("video models (--arch wan, ltx, hunyuanvideo, svd)")
     video.add_argument(
         "--frames",
         type=int,
         default=None,
-        help="wan: pixel frames of the clip (default 33: 9 latent frames); svd: frames per clip (default 14)",
+        help="wan, ltx, hunyuanvideo: pixel frames of the clip (wan's default 33: 9 latent frames); "
+        "svd: frames per clip (default 14)",
     )
-    video.add_argument("--width", type=int, default=None, help="wan: clip width in pixels; --resolution is its height")
+    video.add_argument(
+        "--width",
+        type=int,
+        default=None,
+        help="wan, ltx, hunyuanvideo: clip width in pixels; --resolution is its height",
+    )
     what.add_argument(
         "--batch", type=int, default=None, help="UNet batch size (default 2 = one image with CFG); not with --pipeline"
     )
@@ -218,7 +224,8 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
     if args.threads is not None and args.threads < 1:
         fail(f"Expected --threads >= 1, but got {args.threads}.")
     if args.frames is not None and args.arch not in ("svd", *VIDEO_ARCHITECTURES):
-        fail(f"Expected --frames only with a video --arch (wan, ltx, svd), but got --arch {args.arch}.")
+        videos = ", ".join(VIDEO_ARCHITECTURES)
+        fail(f"Expected --frames only with a video --arch ({videos}, svd), but got --arch {args.arch}.")
     if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS):
         fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
     if args.pipeline and args.arch in _NEW_TRANSFORMERS:
@@ -244,7 +251,8 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
 def _check_video(args: argparse.Namespace, fail: Any) -> None:
     """The video options: for a video architecture only, and in range."""
     if args.width is not None and args.arch not in VIDEO_ARCHITECTURES:
-        fail(f"Expected --width only with a video architecture (--arch wan, ltx), but got --arch {args.arch}.")
+        videos = ", ".join(VIDEO_ARCHITECTURES)
+        fail(f"Expected --width only with a video architecture (--arch {videos}), but got --arch {args.arch}.")
     if args.arch in VIDEO_ARCHITECTURES and args.frames is not None:
         stride = VIDEO_STRIDES[args.arch][0]
         if args.frames < 1 or (args.frames - 1) % stride:

@@ -14,8 +14,9 @@ the processor stay generic. A family answers four questions about a model:
 Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
 `PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel`, `Flux2Transformer2DModel`,
 `ChromaTransformer2DModel`, `QwenImageTransformer2DModel`, `ZImageTransformer2DModel`, and the video models
-`WanTransformer3DModel`, `LTXVideoTransformer3DModel` and Stable Video Diffusion's
-`UNetSpatioTemporalConditionModel` (its spatial blocks). docs/families.md is the recipe for adding one.
+`WanTransformer3DModel`, `LTXVideoTransformer3DModel`, `HunyuanVideoTransformer3DModel`,
+`HunyuanVideo15Transformer3DModel` and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
+blocks). docs/families.md is the recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -44,6 +45,7 @@ from .base import (
 from .chroma import ChromaFamily, Flux2Family
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
+from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
 from .ltx import LTXVideoFamily
 from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
@@ -59,6 +61,8 @@ __all__ = [
     "Family",
     "Flux2Family",
     "FluxFamily",
+    "HunyuanVideo15Family",
+    "HunyuanVideoFamily",
     "IdsGridFamily",
     "LTXVideoFamily",
     "Layout",
@@ -98,6 +102,8 @@ FAMILIES: dict[str, type[Family]] = {
         ZImageFamily,
         WanFamily,
         LTXVideoFamily,
+        HunyuanVideoFamily,
+        HunyuanVideo15Family,
         SVDFamily,
         UNetFamily,
     )
@@ -115,6 +121,8 @@ _SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tra
         "ZImageTransformer2DModel",
         "WanTransformer3DModel",
         "LTXVideoTransformer3DModel",
+        "HunyuanVideoTransformer3DModel",
+        "HunyuanVideo15Transformer3DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )

@@ -29,6 +29,10 @@ class Layout(enum.Enum):
     #: `hidden_states` are image tokens followed by others (padding, text), and so is the output
     #: (Z-Image's unified sequence).
     IMAGE_FIRST = "image_first"
+    #: As `JOINT` (image tokens as `hidden_states`, text as `encoder_hidden_states`, output `(image, text)`),
+    #: but the processor attends over the image tokens then the text, so an attention mask (and rotary
+    #: tables that cover the text) over the whole sequence open with the image (HunyuanVideo's blocks).
+    JOINT_IMAGE_FIRST = "joint_image_first"
     #: `hidden_states` are the image tokens, and `rotary_emb` holds `(cos, sin)` tables of shape
     #: `(1, N, 1, D)`, one row per token (Wan's 3-D rotary embeddings); the output is one tensor.
     ROTARY = "rotary"
@@ -57,12 +61,16 @@ class Rotary:
             tokens alone and any others are left as they are (Qwen-Image: `(image, text)`).
         batched: True where the tables carry a batch axis, `(B, S, ...)` (Z-Image); else `(S, ...)` for
             the whole batch.
+        text_table: with `covers_text=False`, True where the tables after the first are the other tokens'
+            own, left as they are (Qwen-Image's `(image, text)`); False where every table covers the image
+            tokens alone and all follow the merged rows (HunyuanVideo's `(cos, sin)`, each `(N_image, D)`).
     """
 
     name: str = "image_rotary_emb"
     position: int = 2
     covers_text: bool = True
     batched: bool = False
+    text_table: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,7 @@ class Stack:
         attention: the block's attribute that holds the attention module.
         feed_forward: the block's feed-forward attribute (merged with `merge_mlp`), or None.
         span: where the grid's tokens sit in the block's input (`Span`).
-        mask_at / rotary_at: see `AttentionSite`.
+        mask_at / rotary_at / built_with: see `AttentionSite`.
     """
 
     blocks: str
@@ -130,13 +138,19 @@ class Stack:
     span: Span = Span.WHOLE
     mask_at: int = 1
     rotary_at: int | None = None
+    built_with: type | None = None
 
     def sites(self, model: torch.nn.Module) -> list[BlockSite]:
         """A `BlockSite` for every block of this stack in `model` (none where the model has no such list)."""
         sites = []
         for block in getattr(model, self.blocks, None) or ():
             attention = AttentionSite(
-                getattr(block, self.attention), False, self.layout, mask_at=self.mask_at, rotary_at=self.rotary_at
+                getattr(block, self.attention),
+                False,
+                self.layout,
+                self.built_with,
+                mask_at=self.mask_at,
+                rotary_at=self.rotary_at,
             )
             ff = getattr(block, self.feed_forward, None) if self.feed_forward else None
             sites.append(BlockSite(block, (attention,), ff, self.span))
