@@ -1,0 +1,155 @@
+"""`tome-processors bench --pipeline --arch wan`: whole videos on a random-weight `WanPipeline`.
+
+Every run here is `--quick` (tiny components), 2 steps, a 64 px clip of a few frames: seconds each. No
+timing assertions: quick-CPU timings of tiny models are host-bound.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
+from PIL import Image
+from transformers import T5Tokenizer, UMT5EncoderModel
+
+from tome_processors.bench import run as bench_run
+from tome_processors.bench.dit import build_transformer
+from tome_processors.bench.generate import first_output, generation_table
+from tome_processors.bench.models import build_model
+from tome_processors.bench.pipelines import SMALL_TEXT_LAYERS
+from tome_processors.bench.video_pipelines import build_video_pipeline, clip_of
+from tome_processors.cli.main import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+FAST = ["--pipeline", "--quick", "--arch", "wan", "--steps", "2", "--rounds", "1", "--threads", "1"]
+FAST += ["--no-progress", "--no-memory"]
+SECONDS = ("seconds_per_image", "speedup_per_image", "seconds_per_step", "speedup_per_step")
+
+
+@pytest.fixture(scope="module")
+def wan_run(tmp_path_factory):
+    """One `bench --pipeline --quick --arch wan` on a 64 x 96 clip of 5 frames: the baseline and `balanced`."""
+    folder = tmp_path_factory.mktemp("wan")
+    path, grid = folder / "wan.json", folder / "grid.png"
+    argv = ["bench", *FAST, "--resolution", "64", "--width", "96", "--frames", "5", "--presets", "balanced"]
+    assert main([*argv, "--json", str(path), "--grid", str(grid)]) == 0
+    with Image.open(grid) as image:
+        assert image.format == "PNG"
+    return json.loads(path.read_text())
+
+
+def test_rows_time_whole_videos_and_the_preset_merges(wan_run):
+    rows = wan_run["rows"]
+    assert [row["name"] for row in rows] == ["baseline", "ours balanced r=0.5"]
+    for row in rows:
+        assert all(math.isfinite(row[key]) and row[key] > 0 for key in SECONDS), row["name"]
+        # guidance: a conditional and an unconditional forward per step, batch 1 each
+        assert row["denoiser_calls"] == 4 and row["denoiser_batch"] == 1
+        assert row["seconds_per_step"] < row["seconds_per_image"] and len(row["image_times"]) >= 1
+    assert rows[0]["speedup_per_image"] == 1.0 and rows[0]["image_change"] == 0.0
+    assert 0.0 < rows[1]["image_change"] < 1.0  # the preset merged: the video changed, not wildly
+
+
+def test_meta_says_what_was_built(wan_run):
+    meta = wan_run["meta"]
+    assert meta["pipeline"] == "WanPipeline" and meta["output"] == "video"
+    assert (meta["height"], meta["width"], meta["frames"], meta["resolution"]) == (64, 96, 5, 64)
+    assert meta["steps"] == 2 and meta["denoiser_calls"] == 4 and meta["seconds"].startswith("per video")
+    components = meta["components"]
+    assert set(components) == {"transformer", "text_encoder", "tokenizer", "vae", "scheduler"}
+    assert components["text_encoder"].startswith("UMT5EncoderModel, tiny")
+    assert components["vae"].startswith("AutoencoderKLWan") and components["scheduler"].startswith("UniPC")
+
+
+def test_the_table_says_seconds_per_video(tmp_path, capsys):
+    argv = ["bench", *FAST, "--resolution", "32", "--frames", "5", "--presets", "fast", "--no-tomesd"]
+    assert main([*argv, "--steps", "1", "--grid", str(tmp_path / "g.png")]) == 0
+    out = capsys.readouterr().out
+    assert "| method | ratio | s/video | speed-up/video |" in out and "video change %" in out
+    assert "| ours fast" in out and "(the first frame of each video)" in out
+
+
+def test_quick_video_pipeline_generates_the_asked_clip():
+    bench = build_model(arch="wan", quick=True, pipeline=True, resolution=32, width=48, frames=5)
+    assert isinstance(bench.pipe, WanPipeline) and bench.model is bench.pipe.transformer
+    assert bench.call_kwargs == {"height": 32, "width": 48, "num_frames": 5, "max_sequence_length": 16}
+    generator = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        output = bench.pipe("a cat", num_inference_steps=1, generator=generator, output_type="pt", **bench.call_kwargs)
+    assert tuple(first_output(output).shape) == (5, 3, 32, 48)
+
+
+def _full(text_encoders: str = "full"):
+    """The full-size pipeline on the meta device: shapes only, no memory, no weights."""
+    with torch.device("meta"):
+        return build_video_pipeline(build_transformer("wan"), "wan", text_encoders=text_encoders)
+
+
+def test_full_size_components_are_wan21s_and_fit_the_transformer():
+    built = _full()
+    pipe, config = built.pipe, built.pipe.transformer.config
+    assert isinstance(pipe.text_encoder, UMT5EncoderModel) and isinstance(pipe.tokenizer, T5Tokenizer)
+    text = pipe.text_encoder.config
+    assert (text.d_model, text.num_layers, text.num_heads, text.d_ff) == (4096, 24, 64, 10240)
+    assert text.d_model == config.text_dim
+    assert isinstance(pipe.vae, AutoencoderKLWan) and pipe.vae.config.z_dim == config.in_channels == 16
+    assert (pipe.vae.config.scale_factor_temporal, pipe.vae.config.scale_factor_spatial) == (4, 8)
+    scheduler = pipe.scheduler
+    assert isinstance(scheduler, UniPCMultistepScheduler) and scheduler.config.flow_shift == 3.0
+    assert scheduler.config.use_flow_sigmas and scheduler.config.prediction_type == "flow_prediction"
+    assert built.call_kwargs == {"height": 480, "width": 832, "num_frames": 33}  # 512 text tokens: the default
+    assert "UMT5-XXL encoder shape (24 layers, width 4096)" in built.components["text_encoder"]
+    small = _full("small").pipe.text_encoder.config
+    assert small.d_model == 4096 and small.num_layers == SMALL_TEXT_LAYERS
+
+
+def test_clip_defaults():
+    assert clip_of("wan", False, None, None, None) == (480, 832, 33)
+    assert clip_of("wan", False, 720, 1280, 81) == (720, 1280, 81)
+    assert clip_of("wan", True, None, None, None) == (128, 128, 9)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"arch": "pixart"}, "arch among"),
+        ({"text_encoders": "huge"}, "text_encoders among"),
+        ({"frames": 8}, r"4k \+ 1"),
+        ({"height": 72}, "multiples of 16"),
+        ({"width": 40}, "multiples of 16"),
+    ],
+)
+def test_build_video_pipeline_refuses_bad_input(kwargs, message):
+    arch = kwargs.pop("arch", "wan")
+    with pytest.raises(ValueError, match=message):
+        build_video_pipeline(torch.nn.Identity(), arch, quick=True, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--arch", "wan", "--frames", "8"], "4k + 1"),
+        (["--arch", "wan", "--resolution", "72"], "multiple of 16 for the wan pipeline"),
+        (["--arch", "wan", "--width", "72"], "multiple of 16"),
+        (["--arch", "wan", "--compile"], "without --compile"),
+        (["--arch", "wan", "--quick", "--text-encoders", "small"], "not with --model or --quick"),
+        (["--arch", "ltx"], "not in the bench yet"),
+        (["--arch", "svd"], "got --arch svd"),
+    ],
+)
+def test_bad_video_pipeline_options_exit_2_before_anything_is_built(argv, message, capsys, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("built a model for options that should have been refused")
+
+    monkeypatch.setattr(bench_run, "build_model", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--pipeline", *argv])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_generation_table_names_the_unit():
+    assert "s/image" in generation_table([]) and "s/video" in generation_table([], unit="video")
