@@ -1,4 +1,4 @@
-"""`tome-processors bench --pipeline --arch wan`: whole videos on a random-weight `WanPipeline`.
+"""`tome-processors bench --pipeline --arch wan|ltx`: whole videos on a random-weight `WanPipeline` / `LTXPipeline`.
 
 Every run here is `--quick` (tiny components), 2 steps, a 64 px clip of a few frames: seconds each. No
 timing assertions: quick-CPU timings of tiny models are host-bound.
@@ -11,9 +11,16 @@ import math
 
 import pytest
 import torch
-from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline
+from diffusers import (
+    AutoencoderKLLTXVideo,
+    AutoencoderKLWan,
+    FlowMatchEulerDiscreteScheduler,
+    LTXPipeline,
+    UniPCMultistepScheduler,
+    WanPipeline,
+)
 from PIL import Image
-from transformers import T5Tokenizer, UMT5EncoderModel
+from transformers import T5EncoderModel, T5Tokenizer, UMT5EncoderModel
 
 from tome_processors.bench import run as bench_run
 from tome_processors.bench.dit import build_transformer
@@ -83,10 +90,10 @@ def test_quick_video_pipeline_generates_the_asked_clip():
     assert tuple(first_output(output).shape) == (5, 3, 32, 48)
 
 
-def _full(text_encoders: str = "full"):
+def _full(arch: str = "wan", text_encoders: str = "full"):
     """The full-size pipeline on the meta device: shapes only, no memory, no weights."""
     with torch.device("meta"):
-        return build_video_pipeline(build_transformer("wan"), "wan", text_encoders=text_encoders)
+        return build_video_pipeline(build_transformer(arch), arch, text_encoders=text_encoders)
 
 
 def test_full_size_components_are_wan21s_and_fit_the_transformer():
@@ -101,16 +108,52 @@ def test_full_size_components_are_wan21s_and_fit_the_transformer():
     scheduler = pipe.scheduler
     assert isinstance(scheduler, UniPCMultistepScheduler) and scheduler.config.flow_shift == 3.0
     assert scheduler.config.use_flow_sigmas and scheduler.config.prediction_type == "flow_prediction"
-    assert built.call_kwargs == {"height": 480, "width": 832, "num_frames": 33}  # 512 text tokens: the default
+    assert built.call_kwargs == {"height": 480, "width": 832, "num_frames": 33, "max_sequence_length": 512}
     assert "UMT5-XXL encoder shape (24 layers, width 4096)" in built.components["text_encoder"]
-    small = _full("small").pipe.text_encoder.config
+    small = _full("wan", "small").pipe.text_encoder.config
     assert small.d_model == 4096 and small.num_layers == SMALL_TEXT_LAYERS
+
+
+def test_full_size_ltx_components_are_ltx_videos_and_fit_the_transformer():
+    built = _full("ltx")
+    pipe, config = built.pipe, built.pipe.transformer.config
+    assert isinstance(pipe, LTXPipeline) and isinstance(pipe.text_encoder, T5EncoderModel)
+    text = pipe.text_encoder.config
+    assert (text.d_model, text.num_layers) == (4096, 24) and text.d_model == config.caption_channels
+    assert isinstance(pipe.vae, AutoencoderKLLTXVideo) and pipe.vae.config.latent_channels == config.in_channels == 128
+    assert (pipe.vae.temporal_compression_ratio, pipe.vae.spatial_compression_ratio) == (8, 32)
+    scheduler = pipe.scheduler.config
+    assert isinstance(pipe.scheduler, FlowMatchEulerDiscreteScheduler) and scheduler.use_dynamic_shifting
+    assert (scheduler.base_shift, scheduler.max_shift, scheduler.shift_terminal) == (0.95, 2.05, 0.1)
+    assert built.call_kwargs == {"height": 512, "width": 768, "num_frames": 121, "max_sequence_length": 128}
+    assert _full("ltx", "small").pipe.text_encoder.config.num_layers == SMALL_TEXT_LAYERS
+
+
+def test_ltx_pipeline_times_whole_videos(tmp_path, capsys):
+    path = tmp_path / "ltx.json"
+    argv = ["bench", *FAST[:2], "--arch", "ltx", *FAST[4:], "--resolution", "64", "--width", "96", "--frames", "9"]
+    argv += ["--presets", "fast", "--json", str(path), "--grid", str(tmp_path / "g.png")]
+    assert main(argv) == 0
+    data = json.loads(path.read_text())
+    meta, rows = data["meta"], data["rows"]
+    assert meta["pipeline"] == "LTXPipeline" and (meta["height"], meta["width"], meta["frames"]) == (64, 96, 9)
+    assert components_start(meta, "AutoencoderKLLTXVideo, tiny", "T5EncoderModel, tiny")
+    assert [row["name"] for row in rows] == ["baseline", "ours fast r=0.7"]
+    assert rows[0]["image_change"] == 0.0 and 0.0 < rows[1]["image_change"] < 1.0  # the preset merged
+    assert rows[0]["denoiser_calls"] == 2 and rows[0]["denoiser_batch"] == 2  # LTX batches the guidance
+    assert "s/video" in capsys.readouterr().out
+
+
+def components_start(meta: dict, vae: str, text_encoder: str) -> bool:
+    components = meta["components"]
+    return components["vae"].startswith(vae) and components["text_encoder"].startswith(text_encoder)
 
 
 def test_clip_defaults():
     assert clip_of("wan", False, None, None, None) == (480, 832, 33)
     assert clip_of("wan", False, 720, 1280, 81) == (720, 1280, 81)
     assert clip_of("wan", True, None, None, None) == (128, 128, 9)
+    assert clip_of("ltx", False, None, None, None) == (512, 768, 121)
 
 
 @pytest.mark.parametrize(
@@ -121,6 +164,8 @@ def test_clip_defaults():
         ({"frames": 8}, r"4k \+ 1"),
         ({"height": 72}, "multiples of 16"),
         ({"width": 40}, "multiples of 16"),
+        ({"arch": "ltx", "frames": 5}, r"8k \+ 1"),
+        ({"arch": "ltx", "height": 48}, "multiples of 32"),
     ],
 )
 def test_build_video_pipeline_refuses_bad_input(kwargs, message):
@@ -133,11 +178,12 @@ def test_build_video_pipeline_refuses_bad_input(kwargs, message):
     ("argv", "message"),
     [
         (["--arch", "wan", "--frames", "8"], "4k + 1"),
-        (["--arch", "wan", "--resolution", "72"], "multiple of 16 for the wan pipeline"),
+        (["--arch", "wan", "--resolution", "72"], "--resolution to be a multiple of 16 for the wan pipeline"),
         (["--arch", "wan", "--width", "72"], "multiple of 16"),
+        (["--arch", "ltx", "--frames", "9", "--width", "48"], "--width to be a multiple of 32 for the ltx pipeline"),
+        (["--arch", "ltx", "--frames", "5"], "8k + 1"),
         (["--arch", "wan", "--compile"], "without --compile"),
         (["--arch", "wan", "--quick", "--text-encoders", "small"], "not with --model or --quick"),
-        (["--arch", "ltx"], "not in the bench yet"),
         (["--arch", "svd"], "got --arch svd"),
     ],
 )
