@@ -88,6 +88,8 @@ def test_quick_video_pipeline_generates_the_asked_clip():
     with torch.inference_mode():
         output = bench.pipe("a cat", num_inference_steps=1, generator=generator, output_type="pt", **bench.call_kwargs)
     assert tuple(first_output(output).shape) == (5, 3, 32, 48)
+    shortened = build_model(arch="ltx", quick=True, pipeline=True, layers=1)  # --layers shortens it here too
+    assert len(shortened.pipe.transformer.transformer_blocks) == 1 and isinstance(shortened.pipe, LTXPipeline)
 
 
 def _full(arch: str = "wan", text_encoders: str = "full"):
