@@ -39,6 +39,7 @@ from .report import format_number, json_safe, save_grid
 
 __all__ = [
     "DenoiserTimer",
+    "first_output",
     "GenerationRow",
     "GenerationRun",
     "generate_image",
@@ -180,7 +181,7 @@ class GenerationRow:
     Attributes:
         name, family, ratio, settings: from the `Method`.
         seconds_per_image: median over the timed rounds of one generation's wall time (text encoder,
-            every denoising step, VAE decode).
+            every denoising step, VAE decode); of a video pipeline, one whole video's.
         speedup_per_image: the engine's paired speed-up of those times (median over rounds of the mean
             of the two baseline runs around the method / the method's).
         seconds_per_step: median over the timed rounds of the time inside the denoiser's forwards during
@@ -188,7 +189,8 @@ class GenerationRow:
             guidance batched; PNDM makes one more call than steps).
         speedup_per_step: the same pairing on the per-step times.
         image_change: `||image - image_baseline|| / ||image_baseline||` of the final image (pixels in [0, 1]),
-            same prompt and seed; 0 for the baseline on a deterministic device.
+            of a video pipeline of the whole video (every frame), same prompt and seed; 0 for the baseline on
+            a deterministic device.
         denoiser_calls: denoiser forwards in one generation; denoiser_batch: the batch of each (2 for one
             image with classifier-free guidance, 1 without; None when the input was not seen).
         peak_memory_mib, memory_before_mib: the engine's peak memory during one generation, and before it.
@@ -214,7 +216,8 @@ class GenerationRow:
 
 @dataclass
 class GenerationRun:
-    """`time_generations`' result: one row and one image (the first generation's, PIL) per method."""
+    """`time_generations`' result: one row and one image (the first generation's, PIL; of a video, its first
+    frame) per method."""
 
     rows: list[GenerationRow]
     images: list[Image.Image]
@@ -280,7 +283,8 @@ def time_generations(
     """Time whole generations of `prompt` on `pipe` for every method (applied to its denoiser).
 
     Args:
-        pipe: a diffusers text-to-image pipeline with a `unet` or a `transformer`, the baseline on it.
+        pipe: a diffusers text-to-image or text-to-video pipeline with a `unet` or a `transformer`, the
+            baseline on it (a video pipeline's clip, `height`, `width`, `num_frames`, in `call_kwargs`).
         methods: the baseline first (the reference of every speed-up and of the image change).
         steps, guidance_scale, seed: of every generation; `resolution` the image side (None: the pipeline's).
         settings: rounds, warm-up, memory and progress as for forwards (`BenchSettings`); no compilation,
@@ -313,7 +317,7 @@ def time_generations(
         name = target.active or "?"
         arguments = _call_kwargs(pipe, seed, steps, guidance_scale, resolution, resolution, "pt", kwargs)
         with torch.inference_mode(), DenoiserTimer(denoiser) as timer:
-            image = pipe(prompt, **arguments).images[0]
+            image = first_output(pipe(prompt, **arguments))
         generations.append(_Generation(name, timer.seconds, timer.calls, timer.batch))
         first_images.setdefault(name, image.detach().float().cpu())
         return image
@@ -351,24 +355,38 @@ def time_generations(
     return GenerationRun(result, images)
 
 
+def first_output(output: Any) -> Any:
+    """The first image of a pipeline's output (`.images`), or its first video (`.frames`, a video pipeline's).
+
+    Example:
+        >>> from diffusers.pipelines.wan.pipeline_output import WanPipelineOutput
+        >>> tuple(first_output(WanPipelineOutput(frames=torch.zeros(1, 9, 3, 8, 8))).shape)
+        (9, 3, 8, 8)
+    """
+    images = getattr(output, "images", None)
+    return (output.frames if images is None else images)[0]
+
+
 def _to_pil(image: torch.Tensor) -> Image.Image:
-    """A `(3, H, W)` image in [0, 1] as a PIL image."""
+    """A `(3, H, W)` image in [0, 1] as a PIL image; of a `(F, 3, H, W)` video, its first frame."""
+    image = image[0] if image.dim() == 4 else image
     array = (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
     return Image.fromarray(array)
 
 
-_COLUMNS = ("method", "ratio", "s/image", "speed-up/image", "s/step", "speed-up/step", "image change %", "peak MiB")
-
-
-def generation_table(rows: Sequence[GenerationRow]) -> str:
-    """A markdown table of `time_generations` rows.
+def generation_table(rows: Sequence[GenerationRow], unit: str = "image") -> str:
+    """A markdown table of `time_generations` rows; `unit` names what one generation makes (`"video"`).
 
     Example:
         >>> row = GenerationRow("baseline", "baseline", None, 12.5, 1.0, 0.61, 1.0, 0.0, 21)
         >>> print(generation_table([row]).splitlines()[2])
         | baseline | - | 12.50 | 1.00x | 0.610 | 1.00x | 0.00 | - |
+        >>> print(generation_table([row], unit="video").splitlines()[0])
+        | method | ratio | s/video | speed-up/video | s/step | speed-up/step | video change % | peak MiB |
     """
-    lines = ["| " + " | ".join(_COLUMNS) + " |", "|" + "---|" * len(_COLUMNS)]
+    columns = ("method", "ratio", f"s/{unit}", f"speed-up/{unit}", "s/step", "speed-up/step", f"{unit} change %",
+               "peak MiB")  # fmt: skip
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         cells = [
             row.name,
@@ -393,7 +411,8 @@ def save_generation_json(rows: Sequence[GenerationRow], meta: dict[str, Any], pa
     return path
 
 
-def save_generation_grid(run: GenerationRun, path: str | Path) -> Path:
-    """The images side by side, each labelled with its method, seconds per image and speed-up."""
-    labels = [f"{row.name}\n{row.seconds_per_image:.2f} s/image, {row.speedup_per_image:.2f}x" for row in run.rows]
+def save_generation_grid(run: GenerationRun, path: str | Path, unit: str = "image") -> Path:
+    """The images (of videos, their first frames) side by side, each labelled with its method, seconds per
+    `unit` and speed-up."""
+    labels = [f"{row.name}\n{row.seconds_per_image:.2f} s/{unit}, {row.speedup_per_image:.2f}x" for row in run.rows]
     return save_grid(run.images, labels, path)

@@ -8,7 +8,7 @@
 - `--quick`: a tiny model of the same layout;
 - `--model`: a local folder or hub id (a UNet, or with `--pipeline` a whole pipeline);
 - `--pipeline` without `--model`: the architecture's whole pipeline around that model, every other
-  component with random weights too (`pipelines.py`).
+  component with random weights too (`pipelines.py`; `video_pipelines.py` for wan).
 
 Example:
     >>> bench_model = build_model(arch="sd15", quick=True)
@@ -41,6 +41,7 @@ from .dit import (
 from .pipelines import build_pipeline
 from .svd import build_svd_unet, make_svd_inputs
 from .unet import build_unet, load_unet, make_inputs
+from .video_pipelines import VIDEO_PIPELINE_ARCHITECTURES, build_video_pipeline
 
 __all__ = ["UNET_FAMILIES", "BenchModel", "build_model", "cast"]
 
@@ -113,7 +114,8 @@ def build_model(
         arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3`, `flux` or `svd` with random weights (default `sd15`).
         quick: a tiny model of the architecture's layout (128 px by default).
         pipeline: the whole pipeline (for full generations): with `model` loaded, else the architecture's
-            pipeline with random weights around the same denoiser (`pipelines.build_pipeline`).
+            pipeline with random weights around the same denoiser (`pipelines.build_pipeline`; for wan
+            `video_pipelines.build_video_pipeline`, its clip in `call_kwargs`).
         seed: seeds the random weights and inputs.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (`pipelines.build_pipeline`).
         frames: a video architecture's clip: wan's pixel frames (default its clip of `dit.VIDEO_DEFAULTS`), or
@@ -153,7 +155,10 @@ def build_model(
         net, description = load_unet(model, dtype).to(device), model
 
     if pipeline and model is None:
-        built = build_pipeline(net, arch or "sd15", quick=quick, text_encoders=text_encoders, seed=seed)
+        if arch in VIDEO_PIPELINE_ARCHITECTURES:
+            built = build_video_pipeline(net, arch, quick, text_encoders, seed, resolution, width, frames)
+        else:
+            built = build_pipeline(net, arch or "sd15", quick=quick, text_encoders=text_encoders, seed=seed)
         for part in built.pipe.components.values():
             if isinstance(part, torch.nn.Module) and part is not net:
                 cast(part, device, dtype)

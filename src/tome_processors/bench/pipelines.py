@@ -56,6 +56,7 @@ from .dit import QUICK_TEXT_TOKENS
 __all__ = [
     "PIPELINE_ARCHITECTURES",
     "SMALL_TEXT_LAYERS",
+    "T5_XXL",
     "TEXT_ENCODER_SIZES",
     "RandomPipeline",
     "build_pipeline",
@@ -112,7 +113,8 @@ _CLIP_G = dict(
     projection_dim=1280,
     vocab_size=49408,
 )
-_T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu",
+#: T5 v1.1 XXL's encoder (PixArt-α, SD3, FLUX.1, LTX-Video).
+T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64, feed_forward_proj="gated-gelu",
                vocab_size=32128)  # fmt: skip
 
 # Tiny widths match the `--quick` denoisers: cross-attention 32 (SDXL: 16 + 16, pooled 32), captions 32.
@@ -123,15 +125,15 @@ _ENCODERS: dict[str, tuple[_Encoder, ...]] = {
         _Encoder("text_encoder", "clip", "CLIP ViT-L/14", _CLIP_L, 16),
         _Encoder("text_encoder_2", "clip-projection", "OpenCLIP ViT-bigG/14", _CLIP_G, 16, 32),
     ),
-    "pixart": (_Encoder("text_encoder", "t5", "T5 v1.1 XXL encoder", _T5_XXL, 32),),
+    "pixart": (_Encoder("text_encoder", "t5", "T5 v1.1 XXL encoder", T5_XXL, 32),),
     "sd3": (
         _Encoder("text_encoder", "clip-projection", "CLIP ViT-L/14", _CLIP_L, 16, 16),
         _Encoder("text_encoder_2", "clip-projection", "OpenCLIP ViT-bigG/14", _CLIP_G, 16, 16),
-        _Encoder("text_encoder_3", "t5", "T5 v1.1 XXL encoder", _T5_XXL, 32),
+        _Encoder("text_encoder_3", "t5", "T5 v1.1 XXL encoder", T5_XXL, 32),
     ),
     "flux": (
         _Encoder("text_encoder", "clip", "CLIP ViT-L/14", _CLIP_L, 32),
-        _Encoder("text_encoder_2", "t5", "T5 v1.1 XXL encoder", _T5_XXL, 32),
+        _Encoder("text_encoder_2", "t5", "T5 v1.1 XXL encoder", T5_XXL, 32),
     ),
 }
 #: Architectures `build_pipeline` knows (those of `--arch`).

@@ -239,6 +239,8 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
         bench.call_kwargs,
     )
     meta = _meta(request, device, dtype, bench, started)
+    video = bench.family is not None and bench.family.video
+    unit = "video" if video else "image"
     meta.update(
         batch=generations.rows[0].denoiser_batch,
         pipeline=type(bench.pipe).__name__,
@@ -247,16 +249,20 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
         steps=request.steps,
         denoiser_calls=generations.rows[0].denoiser_calls,
         guidance_scale=request.guidance_scale,
-        seconds="per image: one generation end to end; per step: inside the denoiser, per denoiser call",
+        seconds=f"per {unit}: one generation end to end; per step: inside the denoiser, per denoiser call",
     )
-    print(generation_table(generations.rows))
+    if "num_frames" in bench.call_kwargs:  # a random-weight video pipeline's clip
+        clip = bench.call_kwargs
+        meta.update(output="video", frames=clip["num_frames"], height=clip["height"], width=clip["width"])
+    print(generation_table(generations.rows, unit))
     print()
     print(meta_lines({key: value for key, value in meta.items() if key != "components"}))
     print("- components:")
     print("\n".join(f"  - {name}: {what}" for name, what in bench.components.items()))
     if request.json_path:
         print(f"JSON: {save_generation_json(generations.rows, meta, request.json_path)}")
-    print(f"grid: {save_generation_grid(generations, request.grid_path)}")
+    grid = save_generation_grid(generations, request.grid_path, unit)
+    print(f"grid: {grid}" + (" (the first frame of each video)" if video else ""))
     if request.cache is not None:
         presets = [m for m in methods if m.family in {f"ours {preset}" for preset in request.presets}]
         print()

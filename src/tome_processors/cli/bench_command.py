@@ -14,9 +14,11 @@ Example:
     $ tome-processors bench --arch svd --frames 2             # Stable Video Diffusion's UNet, 2 frames
     $ tome-processors bench --model ./sd15 --pipeline --prompt "a red fox in the snow"
     $ tome-processors bench --pipeline --quick --arch flux --cache fbc --presets balanced  # a cache, ToMe, both
+    $ tome-processors bench --pipeline --quick --arch wan --steps 2   # whole videos: seconds per video (ltx too)
 
 With `--pipeline` it times whole generations instead (text encoder, every denoising step, VAE decode) on the
-architecture's pipeline with random weights, or on `--model`'s: seconds per image and per denoising step.
+architecture's pipeline with random weights, or on `--model`'s: seconds per image (per video with `--arch
+wan` or `ltx`, whose clip `--resolution`, `--width` and `--frames` set) and per denoising step.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..bench.dit import VIDEO_ARCHITECTURES, VIDEO_STRIDES
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES
 from ..bench.pipelines import TEXT_ENCODER_SIZES
 from ..bench.run import BenchRequest, run_bench
+from ..bench.video_pipelines import CLIP_MULTIPLES
 from ..config import PRESETS, ToMeConfig
 
 #: `--compile` without a mode.
@@ -167,7 +170,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pipeline",
         action="store_true",
         help="time whole generations (text encoder, every step, VAE decode) instead of single forwards, on the "
-        "--arch pipeline with random weights (or --model's), and save a labelled image grid",
+        "--arch pipeline with random weights (or --model's), and save a labelled image grid (wan, ltx: whole videos, "
+        "the grid of their first frames)",
     )
     gen.add_argument(
         "--text-encoders",
@@ -229,7 +233,7 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
     if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS):
         fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
     if args.pipeline and args.arch in _NEW_TRANSFORMERS:
-        fail(f"Expected --pipeline with sd15, sd2, sdxl, pixart, sd3 or flux, but got --arch {args.arch}.")
+        fail(f"Expected --pipeline with sd15, sd2, sdxl, pixart, sd3, flux, wan or ltx, but got --arch {args.arch}.")
     for name in ("batch", "warmup", "steps", "rounds", "frames", "layers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             fail(f"Expected --{name} >= 1, but got {getattr(args, name)}.")
@@ -262,8 +266,6 @@ def _check_video(args: argparse.Namespace, fail: Any) -> None:
             )
     if args.width is not None and (args.width < 16 or args.width % 16):
         fail(f"Expected --width to be a multiple of 16, but got {args.width}.")
-    if args.arch in VIDEO_ARCHITECTURES and args.pipeline:
-        fail(f"Expected --arch {args.arch} without --pipeline: whole-video generations are not in the bench yet.")
 
 
 def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
@@ -287,6 +289,14 @@ def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
     transformer = args.arch in ("pixart", "sd3", "flux")
     if transformer and args.resolution is not None and args.resolution % 16:
         fail(f"Expected --resolution to be a multiple of 16 for the {args.arch} pipeline, but got {args.resolution}.")
+    if args.arch in CLIP_MULTIPLES:
+        side = CLIP_MULTIPLES[args.arch]
+        for name in ("resolution", "width"):
+            if getattr(args, name) is not None and getattr(args, name) % side:
+                fail(
+                    f"Expected --{name} to be a multiple of {side} for the {args.arch} pipeline (its VAE's stride "
+                    f"times the transformer's patch), but got {getattr(args, name)}."
+                )
 
 
 def _request(args: argparse.Namespace) -> BenchRequest:
