@@ -187,6 +187,7 @@ def test_build_video_pipeline_refuses_bad_input(kwargs, message):
         (["--arch", "wan", "--compile"], "without --compile"),
         (["--arch", "wan", "--quick", "--text-encoders", "small"], "not with --model or --quick"),
         (["--arch", "svd"], "got --arch svd"),
+        (["--arch", "hunyuanvideo"], "got --arch hunyuanvideo"),
     ],
 )
 def test_bad_video_pipeline_options_exit_2_before_anything_is_built(argv, message, capsys, monkeypatch):

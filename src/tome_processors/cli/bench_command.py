@@ -232,7 +232,7 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
         fail(f"Expected --frames only with a video --arch ({videos}, svd), but got --arch {args.arch}.")
     if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS):
         fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
-    if args.pipeline and args.arch in _NEW_TRANSFORMERS:
+    if args.pipeline and (args.arch in _NEW_TRANSFORMERS or args.arch == "hunyuanvideo"):
         fail(f"Expected --pipeline with sd15, sd2, sdxl, pixart, sd3, flux, wan or ltx, but got --arch {args.arch}.")
     for name in ("batch", "warmup", "steps", "rounds", "frames", "layers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
