@@ -8,8 +8,8 @@ ToMe alone and the baseline.
 First Block Cache and TaylorSeer are offered (`CACHES`). They are diffusers' own (`model.enable_cache(config)`,
 `model.disable_cache()`), so only a denoiser with diffusers' `CacheMixin` (FLUX.1 and the newer transformers;
 not the UNets, PixArt or SD3) takes them, and only a pipeline that opens a cache context around its
-denoiser calls (the newer pipelines do) runs them. Their quality is measured on the trained DiT's whole
-sampling runs (`cache_quality`).
+denoiser calls (the newer pipelines do) runs them. Their quality is measured on whole sampling runs of the
+trained FLUX-shaped model (`cache_quality`).
 
 Example:
     >>> sorted(CACHES)
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from diffusers import PixArtTransformer2DModel
 from diffusers.hooks import FirstBlockCacheConfig, TaylorSeerCacheConfig
 from diffusers.models.cache_utils import CacheMixin
 
@@ -36,12 +35,10 @@ from .sampling import SamplingProbe
 __all__ = [
     "CACHES",
     "CacheSpec",
-    "CachedDiT",
     "cache_config",
     "cache_methods",
     "cache_quality",
     "cache_quality_table",
-    "cached_dit",
     "supports_caches",
 ]
 
@@ -146,35 +143,16 @@ def _both(
     return run
 
 
-class CachedDiT(CacheMixin, PixArtTransformer2DModel):
-    """The shipped trained DiT (PixArt-shaped) with diffusers' `CacheMixin`, which PixArt's class lacks.
-
-    Tooling only: the caches' quality is measured on it (`cache_quality`). ToMe sees a PixArt model.
-    """
-
-
-def cached_dit() -> CachedDiT:
-    """The shipped trained DiT's weights in a `CachedDiT` (offline, float32, eval mode).
-
-    Example:
-        >>> supports_caches(cached_dit())
-        True
-    """
-    trained, _ = load_denoiser("dit")
-    model = CachedDiT.from_config(trained.config)
-    model.load_state_dict(trained.state_dict())
-    return model.eval()
-
-
 def cache_quality(
     name: str, tome_methods: Sequence[Method], steps: int = 20, strength: float = 0.6
 ) -> list[dict[str, Any]]:
-    """The change each row makes to whole DDIM trajectories of the trained DiT (`sampling.SamplingProbe`).
+    """The change each row makes to whole DDIM trajectories of the trained FLUX-shaped model (a
+    `FluxTransformer2DModel`, which takes diffusers' caches itself; `sampling.SamplingProbe`).
 
     Rows: every one of `tome_methods` alone, cache `name` alone, and the cache with each of `tome_methods`
     (applied as on the bench's denoiser: ToMe first). Each row: `method`, `image_change` (relative to the
     unmerged, uncached run's final images) and `psnr_drop` (dB, against the clean crops). A cache that hooks
-    none of the DiT's blocks (TaylorSeer in diffusers 0.42.1) gives one row, with both None.
+    none of the model's blocks gives one row, with both None.
 
     Example:
         >>> rows = cache_quality("fbc", [], steps=4)
@@ -183,15 +161,14 @@ def cache_quality(
         >>> cache_quality("taylorseer", [], steps=4)
         [{'method': 'TaylorSeer', 'image_change': None, 'psnr_drop': None}]
     """
-    model, scheduler = load_denoiser("dit")
-    del model
-    probe = SamplingProbe(cached_dit(), scheduler.config, heldout_crops(64, 1, 0), steps, strength)
+    model, scheduler = load_denoiser("flux")
+    probe = SamplingProbe(model, scheduler.config, heldout_crops(64, 1, 0), steps, strength)
     rows = []
     methods = cache_methods(name, probe, tome_methods)
     methods[0].apply(probe.model)
     hooked = any(_hooks_of(module) for module in probe.model.modules() if module is not probe.model)
     methods[0].remove(probe.model)
-    if not hooked:  # the cache finds none of the DiT's blocks: no quality to report
+    if not hooked:  # the cache finds none of the model's blocks: no quality to report
         return [{"method": methods[0].name, "image_change": None, "psnr_drop": None}]
     for method in [*tome_methods, *methods]:
         measured = probe.measure(method.apply, method.remove)
@@ -211,14 +188,17 @@ def cache_quality_table(rows: Sequence[dict[str, Any]]) -> str:
 
     Example:
         >>> print(cache_quality_table([{"method": "FirstBlockCache", "image_change": 0.0123, "psnr_drop": 0.05}]))
-        | method (on the trained DiT's sampling runs) | image change % | PSNR drop dB |
+        | method (on the trained FLUX-shaped model's sampling runs) | image change % | PSNR drop dB |
         |---|---|---|
         | FirstBlockCache | 1.23 | 0.050 |
     """
-    lines = ["| method (on the trained DiT's sampling runs) | image change % | PSNR drop dB |", "|---|---|---|"]
+    lines = [
+        "| method (on the trained FLUX-shaped model's sampling runs) | image change % | PSNR drop dB |",
+        "|---|---|---|",
+    ]
     for row in rows:
         if row["image_change"] is None:
-            lines.append(f"| {row['method']} | n/a: acts on none of the DiT's blocks | - |")
+            lines.append(f"| {row['method']} | n/a: acts on none of the model's blocks | - |")
         else:
             lines.append(f"| {row['method']} | {100 * row['image_change']:.2f} | {row['psnr_drop']:.3f} |")
     return "\n".join(lines)
