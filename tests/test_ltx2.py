@@ -4,6 +4,7 @@ follow the merged rows. The audio stream, the text and the audio-video cross-att
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -12,6 +13,8 @@ from diffusers import LTX2VideoTransformer3DModel
 from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoAttnProcessor
 
 import tome_processors as tp
+from tome_processors.bench.dit import TRANSFORMER_ARCHITECTURES, make_transformer_inputs
+from tome_processors.cli.main import main
 from tome_processors.config import PRESETS
 from tome_processors.context import SLOT_ATTR
 from tome_processors.families import LTX2Family, family_of
@@ -292,3 +295,40 @@ def test_set_attn_processor_merges_as_apply_tome():
     model.set_attn_processor(tp.ToMeProcessor(ratio=0.5))  # the README's first usage
     assert all(torch.equal(a, b) for a, b in zip(run(model, inputs), expected, strict=True))
     assert not torch.allclose(expected[0], plain[0], atol=1e-4)
+
+
+# ---------------------------------------------------------------- the bench
+
+
+def test_bench_builds_ltx2s_published_config_and_its_clip_with_audio():
+    with torch.device("meta"):  # 19 B parameters: the config and the inputs' shapes, nothing run
+        model = LTX2VideoTransformer3DModel(**TRANSFORMER_ARCHITECTURES["ltx2"])
+    config = model.config
+    assert (config.num_layers, config.num_attention_heads, config.attention_head_dim) == (48, 32, 128)
+    assert (config.audio_num_attention_heads, config.audio_attention_head_dim, config.rope_type) == (32, 64, "split")
+    inputs = make_transformer_inputs(model, "ltx2", 2, 512, frames=121, width=768).kwargs
+    assert inputs["hidden_states"].shape == (2, 16 * 16 * 24, 128)  # 121 frames: 16 latent frames of 16 x 24
+    assert inputs["audio_hidden_states"].shape == (2, 126, 128)  # 121 / 24 s of 25 audio latents a second
+    assert inputs["encoder_hidden_states"].shape == inputs["audio_encoder_hidden_states"].shape == (2, 1024, 3840)
+    assert family_of(model).token_grid(model, (), inputs) == (16, 16, 24)
+
+
+def test_bench_runs_the_quick_ltx2_with_its_presets(tmp_path):
+    path = tmp_path / "ltx2.json"
+    argv = [
+        "bench",
+        "--quick",
+        "--arch",
+        "ltx2",
+        "--rounds",
+        "1",
+        "--no-progress",
+        "--no-memory",
+        "--no-trained-quality",
+    ]
+    assert main([*argv, "--ratios", "0.5", "--presets", "balanced", "--json", str(path)]) == 0
+    rows = {row["name"]: row for row in json.loads(path.read_text())["rows"]}
+    assert sorted(rows) == ["baseline", "ours balanced r=0.5", "ours r=0.5"]
+    for name, row in rows.items():
+        if name != "baseline":
+            assert 0 < row["rel_error"] < 1
