@@ -188,6 +188,7 @@ def test_build_video_pipeline_refuses_bad_input(kwargs, message):
         (["--arch", "wan", "--quick", "--text-encoders", "small"], "not with --model or --quick"),
         (["--arch", "svd"], "got --arch svd"),
         (["--arch", "hunyuanvideo"], "got --arch hunyuanvideo"),
+        (["--arch", "ltx2"], "got --arch ltx2"),
     ],
 )
 def test_bad_video_pipeline_options_exit_2_before_anything_is_built(argv, message, capsys, monkeypatch):

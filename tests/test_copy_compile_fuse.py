@@ -22,6 +22,7 @@ from pipelines import family_pipeline
 from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
 from test_hunyuanvideo import hunyuanvideo_inputs, tiny_hunyuanvideo
 from test_ltx import ltx_inputs, tiny_ltx
+from test_ltx2 import ltx2_inputs, tiny_ltx2
 from test_new_families import (
     chroma_inputs,
     flux2_inputs,
@@ -55,6 +56,7 @@ MODELS = {
     "zimage": (tiny_zimage, lambda h=6, w=8: zimage_inputs(h=h, w=w)),
     "wan": (tiny_wan, lambda h=8, w=12: wan_inputs(h=h, w=w)),
     "ltx": (tiny_ltx, lambda h=6, w=8: ltx_inputs(h=h, w=w)),
+    "ltx2": (tiny_ltx2, lambda h=6, w=8: ltx2_inputs(h=h, w=w)),
     "hunyuanvideo": (tiny_hunyuanvideo, lambda h=6, w=8: hunyuanvideo_inputs(h=h, w=w)),
 }
 #: One model per family.
@@ -185,6 +187,7 @@ COMPILE_SIZES = {
     "zimage": [(6, 10), (10, 6)],
     "wan": [(8, 12), (12, 8)],
     "ltx": [(6, 8), (8, 6)],
+    "ltx2": [(6, 8), (8, 6)],
     "hunyuanvideo": [(6, 8), (8, 6)],
 }
 

@@ -33,6 +33,7 @@ from pipelines import svd_inputs, tiny_svd_unet
 from test_dit import TEXT_DIM, flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
 from test_hunyuanvideo import hunyuanvideo15_inputs, hunyuanvideo_inputs, tiny_hunyuanvideo, tiny_hunyuanvideo15
 from test_ltx import ltx_inputs, tiny_ltx
+from test_ltx2 import ltx2_inputs, tiny_ltx2
 from test_new_families import CASES
 from test_video import tiny_wan, wan_inputs
 
@@ -51,6 +52,7 @@ MODELS = {
     "svd": (tiny_svd_unet, lambda model: svd_inputs()),
     "wan": (tiny_wan, lambda model: wan_inputs()),
     "ltx": (tiny_ltx, lambda model: ltx_inputs()),
+    "ltx2": (tiny_ltx2, lambda model: ltx2_inputs()),
     "hunyuanvideo": (tiny_hunyuanvideo, lambda model: hunyuanvideo_inputs()),
     "hunyuanvideo15": (tiny_hunyuanvideo15, lambda model: hunyuanvideo15_inputs()),
     **{name: (CASES[name].build, lambda model, name=name: CASES[name].inputs()) for name in NEW_FAMILY_CASES},

@@ -34,6 +34,7 @@ from pipelines import svd_inputs, tiny_sd_pipeline, tiny_svd_unet
 from test_dit import flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
 from test_hunyuanvideo import hunyuanvideo15_inputs, hunyuanvideo_inputs, tiny_hunyuanvideo, tiny_hunyuanvideo15
 from test_ltx import ltx_inputs, tiny_ltx
+from test_ltx2 import ltx2_inputs, tiny_ltx2
 from test_new_families import (
     chroma_inputs,
     flux2_inputs,
@@ -91,6 +92,8 @@ FAMILIES = {
     "svd": (tiny_svd_unet, lambda model: svd_inputs(batch=2, frames=3)),
     "wan": (tiny_wan, lambda model: wan_inputs()),
     "ltx": (tiny_ltx, lambda model: ltx_inputs()),
+    # LTX-2 with the released model's split rotary tables, its audio and both texts.
+    "ltx2": (tiny_ltx2, lambda model: ltx2_inputs()),
     # With the model's mask over the text's padding (cut to the merged sequence).
     "hunyuanvideo": (tiny_hunyuanvideo, lambda model: hunyuanvideo_inputs()),
 }
@@ -420,6 +423,8 @@ REAL_BLOCK_COUNTS = {
     # Wan2.1-1.3B's 30 blocks, batch 1 as its pipelines run it (the guidance is a second call).
     "wan": (lambda: tiny_wan(30), lambda model: wan_inputs(batch=1)),
     "ltx": (lambda: tiny_ltx(28), lambda model: ltx_inputs(batch=1)),
+    # LTX-2's 48 blocks, its guidance batch of two as its pipeline runs it.
+    "ltx2": (lambda: tiny_ltx2(48), lambda model: ltx2_inputs(batch=2)),
     # HunyuanVideo's 20 double- and 40 single-stream blocks: batch 1 as its pipeline runs it (guidance-distilled),
     # and two videos (or true CFG batched).
     "hunyuanvideo": (lambda: tiny_hunyuanvideo(20, 40), lambda model: hunyuanvideo_inputs(batch=1)),
@@ -459,6 +464,13 @@ BUDGETS = [
     pytest.param("ltx", {}, 30, id="ltx"),
     pytest.param("ltx", {"st": 2}, 25, id="ltx-st2"),
     pytest.param("ltx", {"st": 2, "share_level": True}, 7, id="ltx-st2-share_level"),
+    # LTX-2 (48 blocks, its guidance batch of two) as LTX-Video, its video self-attention alone merged; the released
+    # model's split rotary tables, one `(H, N, D)` per sample, take one op more per merge than LTX-Video's (the
+    # gathered rows put back heads first). Measured: 30.6 / 26.7 / 7.1 (29.6 with interleaved tables; LTX-Video
+    # at batch two 29.9).
+    pytest.param("ltx2", {}, 31, id="ltx2"),
+    pytest.param("ltx2", {"st": 2}, 28, id="ltx2-st2"),
+    pytest.param("ltx2", {"st": 2, "share_level": True}, 8, id="ltx2-st2-share_level"),
     # HunyuanVideo: joint attention over the video then the text, its rotary tables (cos and sin, over the video
     # alone) looked up at the merged rows, its mask cut by slicing; a batch of two in one attention call.
     # Measured: 26.0 / 21.0 / 3.3 at batch 1, 28.8 at batch 2.

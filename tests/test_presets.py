@@ -20,6 +20,7 @@ from pipelines import svd_inputs, tiny_sd_pipeline, tiny_svd_unet
 from test_dit import ARCHS
 from test_hunyuanvideo import hunyuanvideo15_inputs, hunyuanvideo_inputs, tiny_hunyuanvideo, tiny_hunyuanvideo15
 from test_ltx import ltx_inputs, tiny_ltx
+from test_ltx2 import ltx2_inputs, tiny_ltx2
 from test_new_families import CASES
 from test_video import tiny_wan, wan_inputs
 
@@ -46,6 +47,8 @@ def model_and_inputs(family: str) -> tuple[torch.nn.Module, dict]:
         return tiny_wan(), wan_inputs()
     if family == "ltx":
         return tiny_ltx(), ltx_inputs()
+    if family == "ltx2":
+        return tiny_ltx2(), ltx2_inputs()
     if family == "hunyuanvideo":
         return tiny_hunyuanvideo(), hunyuanvideo_inputs()
     if family == "hunyuanvideo15":

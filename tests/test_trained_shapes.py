@@ -57,7 +57,7 @@ TRIVIAL_MARGIN_DB = {"flux": {100: 1.5, 300: 1.0}, "video": {100: 1.5, 300: 1.0}
 # The families whose presets each model measures.
 SHAPE_FAMILIES = {
     "flux": ("flux", "flux2", "chroma", "qwenimage", "zimage"),
-    "video": ("wan", "ltx", "hunyuanvideo", "hunyuanvideo15"),
+    "video": ("wan", "ltx", "ltx2", "hunyuanvideo", "hunyuanvideo15"),
 }
 
 

@@ -2,12 +2,13 @@
 rotary embeddings).
 
 Wan's processor gets `rotary_emb = (cos, sin)`, each `(1, N, 1, D)`; LTX-Video's gets `image_rotary_emb =
-(cos, sin)`, each `(B, N, D)` (its family declares that with `Rotary(batched=True)`): the rotation of every
-token, which the processor applies to the queries and keys. With the tokens merged, a row keeps the rotation
+(cos, sin)`, each `(B, N, D)` (its family declares that with `Rotary(batched=True)`), and LTX-2's `query_rotary_emb`
+the same, or with its `rope_type="split"` each `(B, H, N, D')`, heads first: the rotation of every token, which
+the processor applies to the queries and keys. With the tokens merged, a row keeps the rotation
 of the token it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing was merged into
 it), as Flux's rows do (see joint_attention.py): a rotation is exact only at a real position. The merge is
 per sample, so the tables become `(B, M, 1, D)` (Wan's, which the processor broadcasts over the heads as it
-did the shared table) or `(B, M, D)`: the whole batch runs in one call.
+did the shared table), `(B, M, D)` or `(B, H, M, D')`: the whole batch runs in one call.
 """
 
 from __future__ import annotations
@@ -38,13 +39,16 @@ def run_with_rotary(
     ):
         return inner(attn, hidden_states, *args, **kwargs)
     if rotary is not None:
-        args, kwargs = replace_argument(args, kwargs, *where, merged_rotary(rotary, merge, slot.block.model))
+        heads_first = batched and rotary[0].ndim == 4  # LTX-2's split tables, (B, H, N, D')
+        args, kwargs = replace_argument(
+            args, kwargs, *where, merged_rotary(rotary, merge, slot.block.model, heads_first=heads_first)
+        )
     return merge.unmerge(inner(attn, merge.merge(hidden_states), *args, **kwargs))
 
 
 def _fits(rotary: Any, batch: int, num_tokens: int, batched: bool = False) -> bool:
-    """`(cos, sin)` tables of shape `(1, num_tokens, 1, D)`, or with `batched` `(batch, num_tokens, D)` (else the
-    tokens are not merged)."""
+    """`(cos, sin)` tables of shape `(1, num_tokens, 1, D)`, or with `batched` `(batch, num_tokens, D)` or
+    `(batch, H, num_tokens, D)` (else the tokens are not merged)."""
     if not (
         isinstance(rotary, (tuple, list)) and len(rotary) == 2 and all(isinstance(t, torch.Tensor) for t in rotary)
     ):
@@ -53,13 +57,14 @@ def _fits(rotary: Any, batch: int, num_tokens: int, batched: bool = False) -> bo
         return False
     shape = tuple(rotary[0].shape)
     if batched:
-        return len(shape) == 3 and shape[0] == batch and shape[1] == num_tokens
+        return len(shape) in (3, 4) and shape[0] == batch and shape[-2 if len(shape) == 4 else 1] == num_tokens
     return len(shape) == 4 and shape[0] == 1 and shape[1] == num_tokens and shape[2] == 1
 
 
-def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None) -> Any:
+def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None, heads_first: bool = False) -> Any:
     """The `(1, N, 1, D)` tables `(cos, sin)` at every sample's `merge.row_token`: `(B, M, 1, D)` each (`(B, N, D)`
-    tables, one per sample: `(B, M, D)`).
+    tables, one per sample: `(B, M, D)`; with `heads_first`, `(B, H, N, D)` tables, one per sample and head:
+    `(B, H, M, D)`, views of one gather).
 
     Both are gathered at once from one `(N, 1, 2D)` (or `(B, N, 2D)`) table, made once per forward and kept on
     `state` (the model's `ModelState`, whose forward passes the same tables to every block), and the result is
@@ -80,11 +85,16 @@ def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None) ->
     else:
         cos, sin = rotary
         table = torch.cat([cos, sin], dim=-1)
-        table = table[0] if table.ndim == 4 else table  # (N, 1, 2D), or one (N, 2D) per sample
+        if heads_first:  # (B, N, H, 2D): the tokens second, as every other table has them
+            table = table.transpose(1, 2)
+        elif table.ndim == 4:
+            table = table[0]  # (N, 1, 2D)
+        # else one (N, 2D) per sample
         if state is not None:
             state.rotary_tables = (rotary, table)
-    if rotary[0].ndim == 3:  # one (N, D) table per sample (LTX-Video): (B, N, 2D) at (B, M) positions
+    if rotary[0].ndim == 3 or heads_first:  # one table per sample (LTX-Video, LTX-2): (B, N, ...) at (B, M) positions
         gathered = table[_sample_index(merge.batch, table.device), merge.row_token]
+        gathered = gathered.transpose(1, 2) if heads_first else gathered  # (B, H, M, 2D)
     else:
         gathered = table[merge.row_token]  # (B, M, 1, 2D) in one gather
     tables = type(rotary)(gathered.chunk(2, dim=-1))

@@ -2,8 +2,8 @@
 
 The full-size architectures follow the published transformer configs of PixArt-α (XL-2, 1024 px),
 Stable Diffusion 3 medium, FLUX.1-dev, Qwen-Image, FLUX.2-dev, Chroma1-HD, Z-Image-Turbo and the video
-models Wan2.1-T2V-1.3B, LTX-Video 2B and HunyuanVideo (13 B; their inputs are a latent clip of `frames` frames at
-`resolution x width` pixels).
+models Wan2.1-T2V-1.3B, LTX-Video 2B, LTX-2 (19 B, audio and video) and HunyuanVideo (13 B; their inputs are a
+latent clip of `frames` frames at `resolution x width` pixels, and LTX-2's the audio of that clip).
 Nothing is downloaded; weights are diffusers' random initialisation, so speed and memory are those of the
 real model while the output change says nothing about image quality. FLUX.1-dev has 12 B parameters: about
 48 GB in float32, 24 GB in bfloat16; FLUX.2-dev 32 B. `layers` (`--layers`) keeps the real width and
@@ -28,6 +28,7 @@ from diffusers import (
     Flux2Transformer2DModel,
     FluxTransformer2DModel,
     HunyuanVideoTransformer3DModel,
+    LTX2VideoTransformer3DModel,
     LTXVideoTransformer3DModel,
     PixArtTransformer2DModel,
     QwenImageTransformer2DModel,
@@ -41,6 +42,7 @@ __all__ = [
     "VIDEO_ARCHITECTURES",
     "VIDEO_STRIDES",
     "latent_frames",
+    "ltx2_audio_frames",
     "TRANSFORMER_ARCHITECTURES",
     "TransformerInputs",
     "build_transformer",
@@ -150,6 +152,26 @@ _FULL: dict[str, dict[str, Any]] = {
         caption_channels=4096,
         qk_norm="rms_norm_across_heads",
     ),
+    # LTX-2 (19 B: 48 blocks of a 32 x 128 video stream and a 32 x 64 audio stream), the config diffusers'
+    # scripts/convert_ltx2_to_diffusers.py gives version "2.0": the class's defaults but for its split rotary tables.
+    "ltx2": dict(
+        in_channels=128,
+        out_channels=128,
+        patch_size=1,
+        patch_size_t=1,
+        num_attention_heads=32,
+        attention_head_dim=128,
+        cross_attention_dim=4096,
+        audio_in_channels=128,
+        audio_out_channels=128,
+        audio_num_attention_heads=32,
+        audio_attention_head_dim=64,
+        audio_cross_attention_dim=2048,
+        num_layers=48,
+        caption_channels=3840,
+        rope_double_precision=True,
+        rope_type="split",
+    ),
     "wan": dict(  # Wan2.1-T2V-1.3B
         patch_size=(1, 2, 2),
         num_attention_heads=12,
@@ -206,6 +228,9 @@ _QUICK: dict[str, dict[str, Any]] = {
                    cap_feat_dim=32, axes_dims=[8, 4, 4], axes_lens=[256, 64, 64]),
     "ltx": dict(_FULL["ltx"], in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
                 cross_attention_dim=16, num_layers=2, caption_channels=32),
+    "ltx2": dict(_FULL["ltx2"], in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8,
+                 cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+                 audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, caption_channels=32),
     "wan": dict(_FULL["wan"], num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=32,
                 freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=64),
     "hunyuanvideo": dict(_FULL["hunyuanvideo"], in_channels=4, out_channels=4, num_attention_heads=2,
@@ -216,7 +241,8 @@ _QUICK: dict[str, dict[str, Any]] = {
 #: Architecture name -> transformer config (the full-size one).
 TRANSFORMER_ARCHITECTURES = _FULL
 #: Text tokens of each family's pipeline: PixArt-α's T5 (120), SD3's CLIP + T5 (77 + 256), Flux's T5 (512),
-#: FLUX.2's Mistral and Chroma's T5 (padded to 512), Wan's UMT5 (512), HunyuanVideo's Llama (padded to 256);
+#: FLUX.2's Mistral and Chroma's T5 (padded to 512), Wan's UMT5 (512), HunyuanVideo's Llama (padded to 256),
+#: LTX-2's Gemma 3 (padded to 1,024, the padding replaced by its connectors' registers: all attended);
 #: Qwen-Image and Z-Image do not pad their prompts: 128 stands for a long prompt.
 TEXT_TOKENS = {
     "pixart": 120,
@@ -228,18 +254,26 @@ TEXT_TOKENS = {
     "zimage": 128,
     "wan": 512,
     "ltx": 128,
+    "ltx2": 1024,
     "hunyuanvideo": 256,
 }
 #: The config fields that set a model's depth (`layers` caps each).
 _DEPTH_FIELDS = ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers")
 #: Video architectures: inputs are clips (`frames`, and `width` beside `resolution`, the height).
-VIDEO_ARCHITECTURES = ("wan", "ltx", "hunyuanvideo")
+VIDEO_ARCHITECTURES = ("wan", "ltx", "ltx2", "hunyuanvideo")
 #: A video architecture's clip when none is given: height, width, pixel frames (Wan's 480p, 33 frames;
-#: LTX-Video's 512 x 768, 121 frames; HunyuanVideo's 544 x 960, 33 frames).
-VIDEO_DEFAULTS = {"wan": (480, 832, 33), "ltx": (512, 768, 121), "hunyuanvideo": (544, 960, 33)}
-#: The VAE's stride in time and space (Wan's and HunyuanVideo's: 4 frames, 8 pixels; LTX-Video's: 8 frames,
-#: 32 pixels).
-VIDEO_STRIDES = {"wan": (4, 8), "ltx": (8, 32), "hunyuanvideo": (4, 8)}
+#: LTX-Video's and LTX-2's 512 x 768, 121 frames; HunyuanVideo's 544 x 960, 33 frames).
+VIDEO_DEFAULTS = {
+    "wan": (480, 832, 33),
+    "ltx": (512, 768, 121),
+    "ltx2": (512, 768, 121),
+    "hunyuanvideo": (544, 960, 33),
+}
+#: The VAE's stride in time and space (Wan's and HunyuanVideo's: 4 frames, 8 pixels; LTX-Video's and LTX-2's:
+#: 8 frames, 32 pixels).
+VIDEO_STRIDES = {"wan": (4, 8), "ltx": (8, 32), "ltx2": (8, 32), "hunyuanvideo": (4, 8)}
+#: LTX-2's pipelines' frame rate when none is given (the audio's length follows the clip's duration).
+LTX2_FRAME_RATE = 24.0
 #: Text tokens for the `--quick` models.
 QUICK_TEXT_TOKENS = 16
 
@@ -254,6 +288,7 @@ _MODEL_CLASSES: dict[str, type] = {
     "zimage": ZImageTransformer2DModel,
     "wan": WanTransformer3DModel,
     "ltx": LTXVideoTransformer3DModel,
+    "ltx2": LTX2VideoTransformer3DModel,
     "hunyuanvideo": HunyuanVideoTransformer3DModel,
 }
 
@@ -289,6 +324,19 @@ def latent_frames(arch: str, frames: int) -> int:
         (9, 21)
     """
     return 1 + (frames - 1) // VIDEO_STRIDES[arch][0]
+
+
+def ltx2_audio_frames(model: torch.nn.Module, frames: int, frame_rate: float = LTX2_FRAME_RATE) -> int:
+    """The audio latents (tokens) LTX-2's pipeline makes for a clip of `frames` pixel frames: the clip's duration
+    times the audio latents a second (`audio_sampling_rate / audio_hop_length / audio_scale_factor`: 25).
+
+    Example:
+        >>> ltx2_audio_frames(build_transformer("ltx2", quick=True), 121)  # 121 / 24 s x 25 a second
+        126
+    """
+    config = model.config
+    per_second = config.audio_sampling_rate / config.audio_hop_length / config.audio_scale_factor
+    return round(frames / frame_rate * per_second)
 
 
 @dataclass
@@ -408,6 +456,28 @@ def make_transformer_inputs(
             "num_frames": grid[0],
             "height": grid[1],
             "width": grid[2],
+        }
+    elif arch == "ltx2":  # LTX-Video's packed tokens and grid, the clip's audio latents, a text for each stream
+        _, default_width, default_frames = VIDEO_DEFAULTS[arch]
+        stride = VIDEO_STRIDES[arch][1]
+        pixel_frames = frames or default_frames
+        grid = latent_frames(arch, pixel_frames), resolution // stride, (width or default_width) // stride
+        audio = ltx2_audio_frames(model, pixel_frames)
+        timestep = torch.full((batch,), 500.0, device=device)
+        kwargs = {
+            "hidden_states": randn(batch, grid[0] * grid[1] * grid[2], config.in_channels),
+            "audio_hidden_states": randn(batch, audio, config.audio_in_channels),
+            "encoder_hidden_states": randn(batch, text_len, config.caption_channels),
+            "audio_encoder_hidden_states": randn(batch, text_len, config.caption_channels),
+            "timestep": timestep,
+            "sigma": timestep,
+            "encoder_attention_mask": torch.ones(batch, text_len, device=device, dtype=dtype),
+            "audio_encoder_attention_mask": torch.ones(batch, text_len, device=device, dtype=dtype),
+            "num_frames": grid[0],
+            "height": grid[1],
+            "width": grid[2],
+            "fps": LTX2_FRAME_RATE,
+            "audio_num_frames": audio,
         }
     elif arch == "hunyuanvideo":  # a latent clip, the Llama text, CLIP's pooled projection, distilled guidance
         _, default_width, default_frames = VIDEO_DEFAULTS[arch]

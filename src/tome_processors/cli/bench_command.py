@@ -71,19 +71,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a transformer --arch (wan too) at its real width with at most this many blocks per block list; "
         "ratios are per block",
     )
-    video = parser.add_argument_group("video models (--arch wan, ltx, hunyuanvideo, svd)")
+    video = parser.add_argument_group("video models (--arch wan, ltx, ltx2, hunyuanvideo, svd)")
     video.add_argument(
         "--frames",
         type=int,
         default=None,
-        help="wan, ltx, hunyuanvideo: pixel frames of the clip (wan's default 33: 9 latent frames); "
+        help="wan, ltx, ltx2, hunyuanvideo: pixel frames of the clip (wan's default 33: 9 latent frames); "
         "svd: frames per clip (default 14)",
     )
     video.add_argument(
         "--width",
         type=int,
         default=None,
-        help="wan, ltx, hunyuanvideo: clip width in pixels; --resolution is its height",
+        help="wan, ltx, ltx2, hunyuanvideo: clip width in pixels; --resolution is its height",
     )
     what.add_argument(
         "--batch", type=int, default=None, help="UNet batch size (default 2 = one image with CFG); not with --pipeline"
@@ -232,7 +232,7 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
         fail(f"Expected --frames only with a video --arch ({videos}, svd), but got --arch {args.arch}.")
     if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS):
         fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
-    if args.pipeline and (args.arch in _NEW_TRANSFORMERS or args.arch == "hunyuanvideo"):
+    if args.pipeline and (args.arch in _NEW_TRANSFORMERS or args.arch in ("ltx2", "hunyuanvideo")):
         fail(f"Expected --pipeline with sd15, sd2, sdxl, pixart, sd3, flux, wan or ltx, but got --arch {args.arch}.")
     for name in ("batch", "warmup", "steps", "rounds", "frames", "layers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:

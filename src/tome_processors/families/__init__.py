@@ -14,7 +14,8 @@ the processor stay generic. A family answers four questions about a model:
 Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
 `PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel`, `Flux2Transformer2DModel`,
 `ChromaTransformer2DModel`, `QwenImageTransformer2DModel`, `ZImageTransformer2DModel`, and the video models
-`WanTransformer3DModel`, `LTXVideoTransformer3DModel`, `HunyuanVideoTransformer3DModel`,
+`WanTransformer3DModel`, `LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
+`HunyuanVideoTransformer3DModel`,
 `HunyuanVideo15Transformer3DModel` and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
 blocks). docs/families.md is the recipe for adding one.
 
@@ -47,6 +48,7 @@ from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
 from .ltx import LTXVideoFamily
+from .ltx2 import LTX2Family
 from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
@@ -64,6 +66,7 @@ __all__ = [
     "HunyuanVideo15Family",
     "HunyuanVideoFamily",
     "IdsGridFamily",
+    "LTX2Family",
     "LTXVideoFamily",
     "Layout",
     "PixArtFamily",
@@ -102,6 +105,7 @@ FAMILIES: dict[str, type[Family]] = {
         ZImageFamily,
         WanFamily,
         LTXVideoFamily,
+        LTX2Family,
         HunyuanVideoFamily,
         HunyuanVideo15Family,
         SVDFamily,
@@ -121,6 +125,7 @@ _SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tra
         "ZImageTransformer2DModel",
         "WanTransformer3DModel",
         "LTXVideoTransformer3DModel",
+        "LTX2VideoTransformer3DModel",
         "HunyuanVideoTransformer3DModel",
         "HunyuanVideo15Transformer3DModel",
         "UNetSpatioTemporalConditionModel",
