@@ -158,8 +158,8 @@ def cache_quality(
         >>> rows = cache_quality("fbc", [], steps=4)
         >>> rows[0]["method"], rows[0]["image_change"] >= 0
         ('FirstBlockCache', True)
-        >>> cache_quality("taylorseer", [], steps=4)
-        [{'method': 'TaylorSeer', 'image_change': None, 'psnr_drop': None}]
+        >>> cache_quality("taylorseer", [], steps=4)[0]["image_change"] > 0
+        True
     """
     model, scheduler = load_denoiser("flux")
     probe = SamplingProbe(model, scheduler.config, heldout_crops(64, 1, 0), steps, strength)
