@@ -16,6 +16,8 @@ Example:
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import torch
 from diffusers import WanTransformer3DModel
@@ -65,6 +67,7 @@ def train(args: argparse.Namespace) -> dict:
     losses, wall = fit(model, _predict, args, draw=clips)
     record = save(model, args, losses, wall)
     record["frames"] = args.frames
+    (Path(args.out) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
 
