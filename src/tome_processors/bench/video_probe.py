@@ -7,8 +7,8 @@ random scene moved two latent pixels per frame, mixed with noise at `sigma`. For
 - flicker: the same for the frame-to-frame differences of the prediction (`out[:, :, f+1] - out[:, :, f]`),
   which per-frame merging that chooses other tokens in neighbouring frames would move most.
 
-Random weights say little about how a video looks (no trained video model ships yet); they compare the
-settings on equal terms.
+Random weights say little about how a video looks; they compare the settings on equal terms. The trained
+video model's measure of the same settings is `tome-processors quality --denoiser video` (docs/quality.md).
 
 Example:
     $ python -m tome_processors.bench.video_probe                # real width, 1 block, 17 frames at 240x416

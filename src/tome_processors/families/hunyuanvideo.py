@@ -46,8 +46,8 @@ class HunyuanVideoFamily(Family):
     masks_text_only = True  # the model's own mask: ones over the video, then the prompt's padding
     timestep_position = 1
     merge_only = True  # joint attention computes keys and values inside the processor
-    # Wan's presets (docs/video.md), not yet measured on HunyuanVideo: both are video transformers whose
-    # attention sees every frame's tokens with 3-D rotary positions.
+    # Wan's presets (docs/video.md): both are video transformers whose attention sees every frame's tokens
+    # with 3-D rotary positions; measured on the trained Wan-shaped video model, not on HunyuanVideo itself.
     defaults: dict[str, Any] = dict(WanFamily.defaults)
     presets: dict[str, dict[str, Any]] = WanFamily.presets
 

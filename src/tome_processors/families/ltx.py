@@ -22,8 +22,8 @@ class LTXVideoFamily(WanFamily):
     """
 
     # Wan's blocks (self-attention with rotary rows, cross-attention, feed-forward), K/V pooling refused for
-    # the same reason, and Wan's presets (docs/video.md), not yet measured on LTX-Video: both are video
-    # transformers whose self-attention sees every frame's tokens with 3-D rotary positions.
+    # the same reason, and Wan's presets (docs/video.md): both are video transformers whose self-attention
+    # sees every frame's tokens with 3-D rotary positions; measured on the trained Wan-shaped video model.
     name = "ltx"
     model_class = LTXVideoTransformer3DModel
     block_list = "transformer_blocks"
@@ -31,14 +31,15 @@ class LTXVideoFamily(WanFamily):
     rotary = Rotary(name="image_rotary_emb", position=2, covers_text=False, batched=True)
     timestep_position = 2
 
+    #: Where the forward takes the latent grid: `num_frames`, `height`, `width` (after hidden_states, text,
+    #: timestep and mask), divided by the config's `patch_size_t` / `patch_size` (1 on LTX-Video).
+    grid_arguments: tuple[tuple[int, str], ...] = ((4, "num_frames"), (5, "height"), (6, "width"))
+
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
         x = argument(args, kwargs, 0, "hidden_states")
-        grid = [argument(args, kwargs, position, name) for position, name in _GRID_ARGUMENTS]
+        grid = [argument(args, kwargs, position, name) for position, name in self.grid_arguments]
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or not all(isinstance(v, int) and v > 0 for v in grid):
             return None
-        frames, h, w = grid
+        p_t, p = int(getattr(model.config, "patch_size_t", 1)), int(getattr(model.config, "patch_size", 1))
+        frames, h, w = grid[0] // p_t, grid[1] // p, grid[2] // p
         return (frames, h, w) if frames * h * w == x.shape[1] else None
-
-
-#: Where `LTXVideoTransformer3DModel.forward` takes the latent grid (after hidden_states, text, timestep, mask).
-_GRID_ARGUMENTS = ((4, "num_frames"), (5, "height"), (6, "width"))

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import torch
 from diffusers import LTX2VideoTransformer3DModel
 
-from ..arguments import argument
 from .base import Rotary
 from .ltx import LTXVideoFamily
 
@@ -26,23 +24,13 @@ class LTX2Family(LTXVideoFamily):
     `config.patch_size_t` / `config.patch_size`; the pipelines pass the timestep on the 0..1000 scale.
     """
 
-    # LTX-Video's declaration and Wan's presets (docs/video.md), not measured on LTX-2: no trained LTX-2 ships
-    # here to measure them on, and no speed was measured on it when it was added.
+    # LTX-Video's declaration and Wan's presets (docs/video.md), measured on the trained Wan-shaped video
+    # model, not on LTX-2 itself; no speed was measured on LTX-2 when it was added.
     name = "ltx2"
     model_class = LTX2VideoTransformer3DModel
     rotary = Rotary(name="query_rotary_emb", position=2, covers_text=False, batched=True)
     timestep_position = 4
 
-    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
-        x = argument(args, kwargs, 0, "hidden_states")
-        grid = [argument(args, kwargs, position, name) for position, name in _GRID_ARGUMENTS]
-        if not isinstance(x, torch.Tensor) or x.ndim != 3 or not all(isinstance(v, int) and v > 0 for v in grid):
-            return None
-        p_t, p = int(model.config.patch_size_t), int(model.config.patch_size)
-        frames, h, w = grid[0] // p_t, grid[1] // p, grid[2] // p
-        return (frames, h, w) if frames * h * w == x.shape[1] else None
-
-
-#: Where `LTX2VideoTransformer3DModel.forward` takes the latent grid (after the video and audio latents, their
-#: texts, `timestep`, `audio_timestep`, `sigma`, `audio_sigma` and the two text masks).
-_GRID_ARGUMENTS = ((10, "num_frames"), (11, "height"), (12, "width"))
+    # After the video and audio latents, their texts, `timestep`, `audio_timestep`, `sigma`, `audio_sigma` and
+    # the two text masks.
+    grid_arguments = ((10, "num_frames"), (11, "height"), (12, "width"))
