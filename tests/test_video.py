@@ -14,9 +14,11 @@ from transformers import UMT5Config, UMT5EncoderModel
 
 import tome_processors as tp
 from tome_processors import ToMeConfig, ToMeProcessor
+from tome_processors.bench import run as bench_run
 from tome_processors.bench.dit import build_transformer, make_transformer_inputs
 from tome_processors.bench.methods import pick_methods
 from tome_processors.bench.pipelines import write_t5_tokenizer
+from tome_processors.bench.quality import VIDEO_EPS_CHANGE, VIDEO_FLICKER
 from tome_processors.cli.main import main
 from tome_processors.context import BlockState
 from tome_processors.families import WanFamily, family_of
@@ -401,7 +403,11 @@ def test_wan_pipelines_generate_the_same_video_twice_and_cover_both_experts(tmp_
     np.testing.assert_array_equal(generate(pipe), baseline)
 
 
-def test_bench_rows_for_wan_show_attention_share(tmp_path, capsys):
+def test_bench_rows_for_wan_show_attention_share_and_the_trained_video_columns(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("skimage")
+    # The trained video model's columns on a cheaper probe than the bench's (one clip per motion, one level).
+    metrics = bench_run.trained_quality_metrics
+    monkeypatch.setattr(bench_run, "trained_quality_metrics", lambda name: metrics(name, timesteps=(300,), per_image=1))
     path = tmp_path / "wan.json"
     argv = ["bench", "--quick", "--arch", "wan", "--rounds", "1", "--no-progress", "--no-memory", "--no-host-cost"]
     assert main([*argv, "--ratios", "0.5", "--modes", "temporal", "--presets", "balanced", "--json", str(path)]) == 0
@@ -410,9 +416,12 @@ def test_bench_rows_for_wan_show_attention_share(tmp_path, capsys):
     assert sorted(rows) == ["baseline", "ours balanced r=0.5", "ours r=0.5", "ours st=2 r=0.5"]
     for name, row in rows.items():
         assert 0 < row["extra"]["attention %"] < 100
+        changed = [row["extra"][column] > 0 for column in (VIDEO_EPS_CHANGE, VIDEO_FLICKER)]
+        assert changed == [name != "baseline"] * 2  # each row on the trained video model too
         if name != "baseline":
             assert 0 < row["rel_error"] < 1 and row["overhead_share"] > 0  # block inputs recorded on the clip
-    assert "attention %" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "attention %" in out and VIDEO_FLICKER in out
 
 
 def test_bench_builds_wan_at_the_real_width_and_clip(capsys):

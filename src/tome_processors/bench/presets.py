@@ -101,7 +101,7 @@ def preset_table(rows: list[dict[str, Any]]) -> str:
             if row["target"] is None
             else f"<= {100 * row['target']:.2f}" + ("" if row["within_target"] else " (missed)")
         )
-        flicker = "-" if row["flicker"] is None else f"{100 * row['flicker']:.2f}"
+        flicker = "-" if row.get("flicker") is None else f"{100 * row['flicker']:.2f}"
         lines.append(
             f"| {row['family']} | {row['denoiser']} | {row['preset']} | {row['settings']} | "
             f"{100 * row['eps_change']:.2f} | {target} | {flicker} | {row['psnr_drop']:.3f} | "
