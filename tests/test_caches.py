@@ -2,8 +2,8 @@
 
 Every cache that diffusers offers and that acts on the tiny FLUX.1 transformer without ToMe is checked:
 First Block Cache, TaylorSeer and MagCache (given ratios, as after a calibration), and the same on the video
-transformers Wan and LTX-Video (where TaylorSeer's default identifiers find nothing to cache, with or without
-ToMe). FasterCache fails on
+transformers Wan, LTX-Video and HunyuanVideo (where TaylorSeer's default identifiers may find nothing to cache,
+with or without ToMe: that case is skipped with the reason). FasterCache fails on
 FLUX.1 without ToMe too (diffusers marks it experimental), and Pyramid Attention Broadcast leaves FLUX.1's
 output unchanged (`test_pyramid_attention_broadcast_does_not_act_on_flux`).
 """
@@ -55,12 +55,13 @@ def flux():
     return model, inputs
 
 
-#: The transformers whose pipelines users run with a cache: FLUX.1, and the video transformers Wan and LTX-Video
-#: (a clip of 5 latent frames).
+#: The transformers whose pipelines users run with a cache: FLUX.1, and the video transformers Wan, LTX-Video and
+#: HunyuanVideo (a clip of 5 latent frames).
 CACHED = {
     "flux": dict(resolution=64),
     "wan": dict(resolution=64, frames=17, width=64),
     "ltx": dict(resolution=128, frames=33, width=128),
+    "hunyuanvideo": dict(resolution=64, frames=17, width=64),
 }
 
 
