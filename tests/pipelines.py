@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from diffusers import (
     AnimateDiffPipeline,
@@ -28,6 +31,8 @@ from transformers import (
     CLIPVisionModelWithProjection,
 )
 
+import tome_processors as tp
+from tome_processors import ToMeProcessor
 from tome_processors.bench.dit import build_transformer
 from tome_processors.bench.generate import pipeline_call_kwargs
 from tome_processors.bench.pipelines import build_pipeline, write_clip_tokenizer
@@ -231,3 +236,35 @@ def svd_inputs(batch: int = 2, frames: int = 3, height: int = 16, width: int = 1
         "encoder_hidden_states": torch.randn(batch, 1, CROSS_DIM, generator=g),  # the CLIP image embedding
         "added_time_ids": torch.tensor([[6.0, 127.0, 0.02]]).repeat(batch, 1),  # fps, motion bucket, noise
     }
+
+
+#: The ways a user turns ToMe on in a pipeline: `apply_tome(pipe)`, `enable_tome(pipe)`, the README's first usage.
+TOME_USAGES = ("apply_tome", "enable_tome", "set_attn_processor")
+
+
+def check_pipeline_usage(
+    build: Callable[[Path], Any], generate: Callable[[Any], Any], how: str, tmp_path: Path
+) -> None:
+    """A whole pipeline with ToMe at 0.5 turned on `how` (`TOME_USAGES`), run as a user runs it: it merges (the
+    output moves), two calls with one seed agree bit for bit and match `apply_tome` on a twin pipeline, and
+    turning ToMe off gives the plain output back. `build(folder)` makes the pipeline, `generate(pipe)` one call.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = build(tmp_path / "a")
+        plain = np.asarray(generate(pipe))
+        reference = build(tmp_path / "b")
+        tp.apply_tome(reference, ratio=0.5)
+        expected = np.asarray(generate(reference))
+        if how == "apply_tome":
+            tp.apply_tome(pipe, ratio=0.5)
+        elif how == "enable_tome":
+            tp.enable_tome(pipe, ratio=0.5)
+        else:  # the README's first usage
+            pipe.transformer.set_attn_processor(ToMeProcessor(ratio=0.5))
+        first, second = np.asarray(generate(pipe)), np.asarray(generate(pipe))
+    assert np.isfinite(first).all() and not np.allclose(first, plain, atol=1e-6)
+    assert np.array_equal(first, second)
+    np.testing.assert_allclose(first, expected, rtol=0, atol=1e-6)
+    tp.remove_tome(pipe) if how != "enable_tome" else tp.disable_tome(pipe)
+    assert np.array_equal(np.asarray(generate(pipe)), plain)

@@ -22,13 +22,14 @@ from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVid
 from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel
 
 import tome_processors as tp
-from tome_processors import ToMeProcessor, joint_attention
+from tome_processors import joint_attention
 from tome_processors.bench.dit import build_transformer, make_transformer_inputs
 from tome_processors.bench.pipelines import write_clip_tokenizer
 from tome_processors.cli.main import main
 from tome_processors.families import HunyuanVideo15Family, HunyuanVideoFamily, Layout, family_of
 
 from leftovers import hooks_left, tome_attributes_left
+from pipelines import TOME_USAGES, check_pipeline_usage
 from test_new_families import write_qwen_tokenizer
 
 TEXT_DIM, POOLED_DIM, TEXT = 16, 8, 7  # text tokens: not a multiple of anything, so an off-by-text error shows
@@ -293,27 +294,9 @@ def generate(pipe: HunyuanVideoPipeline) -> torch.Tensor:
         ).frames
 
 
-@pytest.mark.parametrize("how", ["apply_tome", "enable_tome", "set_attn_processor"])
+@pytest.mark.parametrize("how", TOME_USAGES)
 def test_pipeline_generates_the_same_video_twice_with_tome(how, tmp_path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pipe = tiny_hunyuanvideo_pipeline(tmp_path / "a")
-        plain = generate(pipe)
-        reference = tiny_hunyuanvideo_pipeline(tmp_path / "b")
-        tp.apply_tome(reference, ratio=0.5)
-        expected = generate(reference)
-        if how == "apply_tome":
-            tp.apply_tome(pipe, ratio=0.5)
-        elif how == "enable_tome":
-            tp.enable_tome(pipe, ratio=0.5)
-        else:  # the README's first usage
-            pipe.transformer.set_attn_processor(ToMeProcessor(ratio=0.5))
-        first, second = generate(pipe), generate(pipe)
-    assert torch.isfinite(first).all() and not torch.allclose(first, plain, atol=1e-6)
-    assert torch.equal(first, second)
-    torch.testing.assert_close(first, expected, rtol=0, atol=1e-6)
-    tp.remove_tome(pipe) if how != "enable_tome" else tp.disable_tome(pipe)
-    assert torch.equal(generate(pipe), plain)
+    check_pipeline_usage(tiny_hunyuanvideo_pipeline, generate, how, tmp_path)
 
 
 # ---------------------------------------------------------------- the bench

@@ -13,11 +13,11 @@ from diffusers.models.transformers.transformer_ltx import LTXVideoAttnProcessor
 from transformers import T5Config, T5EncoderModel
 
 import tome_processors as tp
-from tome_processors import ToMeProcessor
 from tome_processors.bench.pipelines import write_t5_tokenizer
 from tome_processors.families import LTXVideoFamily, family_of
 
 from leftovers import hooks_left, tome_attributes_left
+from pipelines import TOME_USAGES, check_pipeline_usage
 
 TEXT_DIM, TEXT_LEN = 16, 7
 
@@ -190,24 +190,6 @@ def generate(pipe: LTXPipeline) -> np.ndarray:
         ).frames.numpy()
 
 
-@pytest.mark.parametrize("how", ["apply_tome", "enable_tome", "set_attn_processor"])
+@pytest.mark.parametrize("how", TOME_USAGES)
 def test_ltx_pipeline_generates_the_same_video_twice_with_tome(how, tmp_path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pipe = tiny_ltx_pipeline(tmp_path / "a")
-        plain = generate(pipe)
-        reference = tiny_ltx_pipeline(tmp_path / "b")
-        tp.apply_tome(reference, ratio=0.5)
-        expected = generate(reference)
-        if how == "apply_tome":
-            tp.apply_tome(pipe, ratio=0.5)
-        elif how == "enable_tome":
-            tp.enable_tome(pipe, ratio=0.5)
-        else:  # the README's first usage
-            pipe.transformer.set_attn_processor(ToMeProcessor(ratio=0.5))
-        first, second = generate(pipe), generate(pipe)
-    assert np.isfinite(first).all() and not np.allclose(first, plain, atol=1e-6)
-    assert np.array_equal(first, second)
-    np.testing.assert_allclose(first, expected, rtol=0, atol=1e-6)
-    tp.remove_tome(pipe) if how != "enable_tome" else tp.disable_tome(pipe)
-    assert np.array_equal(generate(pipe), plain)
+    check_pipeline_usage(tiny_ltx_pipeline, generate, how, tmp_path)
