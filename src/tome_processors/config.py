@@ -18,6 +18,8 @@ _ALLOWED_DOWNSAMPLE = (1, 2, 4, 8)
 _MODES = ("merge", "downsample_kv")
 _KV_POOLS = ("avg", "nearest")
 _SIMILARITY_DTYPES = (None, "float32", "bfloat16", "float16")
+Matching = Literal["global", "window"]
+_MATCHINGS = ("global", "window")
 Preset = Literal["exact", "balanced", "fast"]
 #: The preset names, from the most faithful to the fastest.
 PRESETS: tuple[str, ...] = ("exact", "balanced", "fast")
@@ -89,6 +91,13 @@ class ToMeConfig:
             float32 on CPUs with native bfloat16, AVX512-BF16 or AMX); the chosen pairs are then
             scored in the metric's dtype for the ranking. `None` uses the metric's dtype, as tomesd
             does.
+        matching: where a source token looks for its destination. `"global"` (tomesd): the most
+            similar destination anywhere in the grid (or frame, or clip with `st > 1`), one `(N/2) x (N/2)`
+            similarity product per matching. `"window"`: only its own window's destination (a source
+            outside every full window: the nearest window's), `N` dot products; the sources most similar
+            to their own destination merge. Merged tokens then stay beside their destination, which
+            keeps rotary positions close; on the trained video model it changes the prediction less
+            than global matching at a higher ratio (docs/options.md).
 
     Example:
         >>> from tome_processors import ToMeConfig
@@ -119,6 +128,7 @@ class ToMeConfig:
     ratio_start: float | None = None
     num_train_timesteps: int = 1000
     similarity_dtype: Literal["float32", "bfloat16", "float16"] | None = None
+    matching: Matching = "global"
 
     def __post_init__(self) -> None:
         _expect(_is_int(self.sx) and self.sx >= 1, "sx to be an integer >= 1", self.sx)
@@ -144,6 +154,7 @@ class ToMeConfig:
             'similarity_dtype to be None, "float32", "bfloat16" or "float16"',
             self.similarity_dtype,
         )
+        _expect(self.matching in _MATCHINGS, 'matching to be "global" or "window"', self.matching)
         _expect(
             _is_int(self.recompute_every) and self.recompute_every >= 1,
             "recompute_every to be an integer >= 1",

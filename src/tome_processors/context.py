@@ -453,7 +453,8 @@ class BlockState:
             return self._compute_per_frame(config, metric, grid, r, similarity_dtype)
         plan = self.model.partitions(config, grid, metric.shape[0], metric.device, text, rows)
         partition = plan[self.index] if len(plan) > 1 else plan[0]
-        return match(metric, partition, r, similarity_dtype, self.model.needs_row_token, tail)
+        windows = self._source_window(config, grid, metric.device)
+        return match(metric, partition, r, similarity_dtype, self.model.needs_row_token, tail, windows)
 
     def _compute_per_frame(
         self, config: ToMeConfig, metric: torch.Tensor, grid: Grid, r: int, similarity_dtype: torch.dtype | None
@@ -466,8 +467,14 @@ class BlockState:
         plan = self.model.partitions(config, frame, batch * frames, metric.device, samples=batch)
         partition = plan[self.index] if len(plan) > 1 else plan[0]
         per_frame = metric.reshape(batch * frames, num_tokens // frames, channels)
-        merge = match(per_frame, partition, r // frames, similarity_dtype, self.model.needs_row_token)
+        windows = self._source_window(config, frame, metric.device)
+        merge = match(per_frame, partition, r // frames, similarity_dtype, self.model.needs_row_token, 0, windows)
         return fold_frames(merge, batch, frames)
+
+    def _source_window(self, config: ToMeConfig, grid: Grid, device: torch.device) -> torch.Tensor | None:
+        if config.matching != "window":
+            return None
+        return self.model.layout(grid, config, device).source_window
 
 
 def _num_sources(grid: Grid, config: ToMeConfig) -> int:

@@ -282,6 +282,10 @@ class GridLayout:
         edges: `(E,)` the tokens outside every full window (always sources).
         window_of_token: `(N,)` each token's window (0 at the edges): the row a destination heads,
             whichever place of its window it is at, so `Partition.dst_row` never depends on the choice.
+        source_window: `(S,)` each source's window, in the order of every partition's sources (one
+            place of every window after another, then the edges, which take the nearest full window):
+            the destinations `match` compares a source with under window matching. The same for every
+            choice of destinations.
         frames, st: the grid's frames and the frames a window spans.
     """
 
@@ -293,6 +297,7 @@ class GridLayout:
     place_order: torch.Tensor
     edges: torch.Tensor
     window_of_token: torch.Tensor
+    source_window: torch.Tensor
     frames: int = 1
     st: int = 1
     _batched: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
@@ -329,6 +334,11 @@ class GridLayout:
             .expand(fst, st, hsy, sy, wsx, sx)
             .reshape(fst * st, hsy * sy, wsx * sx)
         )
+        # An edge token's nearest window: the one of the covered token its coordinates clamp to.
+        t, y, x = (axis.reshape(-1) for axis in torch.meshgrid(*map(torch.arange, (frames, h, w)), indexing="ij"))
+        nearest = window_of_token[t.clamp(max=fst * st - 1), y.clamp(max=hsy * sy - 1), x.clamp(max=wsx * sx - 1)]
+        windows = fst * hsy * wsx
+        source_window = torch.cat([torch.arange(windows).repeat(places - 1), nearest[edges]])
         return cls(
             h,
             w,
@@ -338,6 +348,7 @@ class GridLayout:
             torch.tensor(order, device=device),
             edges.to(device),
             window_of_token.view(-1).to(device),
+            source_window.to(device),
             frames,
             st,
         )
@@ -520,11 +531,13 @@ def match(
     similarity_dtype: torch.dtype | None = None,
     with_row_token: bool = False,
     tail: int = 0,
+    source_window: torch.Tensor | None = None,
 ) -> TokenMerge:
     """Merge the `r` sources most similar to a destination into it (the matching of ToMe for SD).
 
-    Each source's best destination is found by cosine similarity of `metric`, and the `r` sources with
-    the highest best similarity are merged into it by mean. Rows of the merged tensor: the partition's
+    Each source's best destination is found by cosine similarity of `metric` (among every destination,
+    or only its own window's with `source_window`), and the `r` sources with the highest best
+    similarity are merged into it by mean. Rows of the merged tensor: the partition's
     text rows (if any), the destinations, then the unmerged sources from most to least similar.
 
     Args:
@@ -537,6 +550,8 @@ def match(
             merged rows, as Flux's rotary embeddings).
         tail: tokens after the grid's in the merged tensor, each a row of its own after the grid's rows
             (the same merge as `with_tail_rows` makes, in one op more than the grid's alone).
+        source_window: `(S,)` each source's one destination (`GridLayout.source_window`): window
+            matching, a dot product per source instead of a product with every destination.
     """
     B, N, _ = metric.shape
     S, D = partition.num_src, partition.num_dst
@@ -546,8 +561,13 @@ def match(
         x = metric.index_select(1, partition.perm)  # one op where `metric[:, perm]` took two (slice, index)
         x = x / x.norm(dim=-1, keepdim=True)  # as tomesd: a zero token only changes which pair is chosen
         src, dst = x.split((S, D), dim=1)
-        best_score, best_dst = best_match(src, dst, similarity_dtype)
+        if source_window is None:
+            best_score, best_dst = best_match(src, dst, similarity_dtype)
+        else:  # each source's one destination: its window's
+            best_score = (src * dst.index_select(1, source_window)).sum(dim=-1)
         order = best_score.argsort(dim=-1, descending=True)  # the sources from most to least similar
+        # The ranked sources' destinations (a source's window is the same in every sample: one `take`).
+        ranked_dst = best_dst.gather(1, order) if source_window is None else source_window.take(order)
         dst_row, src_idx = partition.dst_row, partition.src_idx
         if dst_row.ndim == 1:  # a partition made without `batch`
             dst_row, src_idx = dst_row.expand(B, -1), src_idx.expand(B, S)
@@ -555,7 +575,7 @@ def match(
         # In rank order, the r best go to their destination's row and the others follow the destinations:
         # row = base + merged * best destination, two constants per rank (one op where a second sort took four).
         merged, base = _rank_rows(S, D, r, text_rows, metric.device)
-        ranked_row = torch.addcmul(base, merged, best_dst.gather(1, order))
+        ranked_row = torch.addcmul(base, merged, ranked_dst)
         token_row = dst_row.scatter(1, ranked_src, ranked_row)
         if tail:  # each tail token a row of its own, after the grid's rows
             token_row = torch.cat([token_row, _tail_positions(B, M, tail, metric.device)], dim=1)
@@ -682,6 +702,7 @@ def bipartite_soft_matching_2d(
     choice: torch.Tensor | None = None,
     similarity_dtype: torch.dtype | None = None,
     with_row_token: bool = False,
+    matching: str = "global",
 ) -> TokenMerge:
     """Merge `r` source tokens into their most similar destinations (ToMe for SD's matching).
 
@@ -697,6 +718,7 @@ def bipartite_soft_matching_2d(
         choice: see `grid_partition`.
         similarity_dtype: see `match`.
         with_row_token: see `match`.
+        matching: `"global"` or `"window"` (see `ToMeConfig.matching`).
 
     Returns:
         A `TokenMerge` to merge and unmerge any `(B, N, C)` tensor of the same tokens.
@@ -717,7 +739,8 @@ def bipartite_soft_matching_2d(
         partition = layout.fixed()
     else:
         partition = layout.partitions(choice.reshape(1, -1).to(metric.device)).unbind()[0]
-    return match(metric, partition, min(r, partition.num_src), similarity_dtype, with_row_token)
+    source_window = layout.source_window if matching == "window" else None
+    return match(metric, partition, min(r, partition.num_src), similarity_dtype, with_row_token, 0, source_window)
 
 
 def level_downsample(latent_tokens: int, num_tokens: int) -> int:
