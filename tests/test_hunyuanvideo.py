@@ -1,6 +1,7 @@
 """HunyuanVideo (`HunyuanVideoTransformer3DModel`): double- and single-stream blocks over a `(frames, h, w)` grid of
 video tokens and the text, rotary tables over the video alone, the model's mask over the text's padding, and whole
-`HunyuanVideoPipeline` calls; HunyuanVideo 1.5 (`HunyuanVideo15Transformer3DModel`) at the model level."""
+`HunyuanVideoPipeline` calls; HunyuanVideo 1.5 (`HunyuanVideo15Transformer3DModel`) and whole
+`HunyuanVideo15Pipeline` calls."""
 
 from __future__ import annotations
 
@@ -12,20 +13,34 @@ import pytest
 import torch
 from diffusers import (
     AutoencoderKLHunyuanVideo,
+    AutoencoderKLHunyuanVideo15,
     FlowMatchEulerDiscreteScheduler,
+    HunyuanVideo15Pipeline,
     HunyuanVideo15Transformer3DModel,
     HunyuanVideoPipeline,
     HunyuanVideoTransformer3DModel,
 )
+from diffusers.guiders import ClassifierFreeGuidance
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
-from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel
+from transformers import (
+    ByT5Tokenizer,
+    CLIPTextConfig,
+    CLIPTextModel,
+    LlamaConfig,
+    LlamaModel,
+    Qwen2_5_VLTextConfig,
+    Qwen2_5_VLTextModel,
+    T5Config,
+    T5EncoderModel,
+)
 
 import tome_processors as tp
 from tome_processors import joint_attention
 from tome_processors.bench.dit import build_transformer, make_transformer_inputs
 from tome_processors.bench.pipelines import write_clip_tokenizer
 from tome_processors.cli.main import main
+from tome_processors.context import SLOT_ATTR
 from tome_processors.families import HunyuanVideo15Family, HunyuanVideoFamily, Layout, family_of
 
 from leftovers import hooks_left, tome_attributes_left
@@ -327,10 +342,10 @@ def test_bench_runs_the_quick_hunyuanvideo_with_its_presets(tmp_path):
 # ---------------------------------------------------------------- HunyuanVideo 1.5
 
 
-def tiny_hunyuanvideo15(num_layers: int = 2) -> HunyuanVideo15Transformer3DModel:
+def tiny_hunyuanvideo15(num_layers: int = 2, in_channels: int = 4) -> HunyuanVideo15Transformer3DModel:
     torch.manual_seed(0)
     return HunyuanVideo15Transformer3DModel(
-        in_channels=4,
+        in_channels=in_channels,
         out_channels=4,
         num_attention_heads=2,
         attention_head_dim=16,
@@ -426,3 +441,88 @@ def test_hunyuanvideo15_temporal_windows_merge_across_frames():
     assert count_merges(model, inputs) == 2
     tp.apply_tome(model, ratio=0.5)
     assert not torch.allclose(across, run(model, inputs), atol=1e-4)
+
+
+def tiny_hunyuanvideo15_pipeline(folder: Path) -> HunyuanVideo15Pipeline:
+    """Text to video, random weights: Qwen2.5-VL's text model over a byte-level tokenizer, ByT5 (its tokenizer
+    needs no files), diffusers' test-size VAE (4 x 4 x 2 compression), `tiny_hunyuanvideo15` taking the latents,
+    the conditioning latents and their mask (4 + 4 + 1 channels), and classifier-free guidance (two model calls
+    a step). The pipeline's text lengths are shortened on the instance (1,000 Qwen tokens after a 108-token system
+    prompt, 256 ByT5 tokens and 729 image-embedding tokens otherwise): a short system prompt, cropped as the
+    pipeline crops its own, 16 Qwen and 16 ByT5 tokens, 4 image-embedding tokens."""
+    tokenizer = write_qwen_tokenizer(folder / "qwen")
+    torch.manual_seed(0)
+    text_encoder = Qwen2_5_VLTextModel(
+        Qwen2_5_VLTextConfig(vocab_size=len(tokenizer), hidden_size=TEXT_DIM, intermediate_size=16,
+                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                             rope_scaling={"mrope_section": [1, 1, 2], "rope_type": "default"},
+                             bos_token_id=len(tokenizer) - 1, eos_token_id=len(tokenizer) - 1)
+    ).eval()  # fmt: skip
+    tokenizer_2 = ByT5Tokenizer()
+    torch.manual_seed(0)
+    text_encoder_2 = T5EncoderModel(
+        T5Config(vocab_size=len(tokenizer_2), d_model=8, d_kv=4, d_ff=16, num_layers=1, num_heads=2)
+    ).eval()
+    torch.manual_seed(0)
+    vae = AutoencoderKLHunyuanVideo15(
+        latent_channels=4, block_out_channels=(16, 16), layers_per_block=1, spatial_compression_ratio=4,
+        temporal_compression_ratio=2, downsample_match_channel=False, upsample_match_channel=False,
+    ).eval()  # fmt: skip
+    pipe = HunyuanVideo15Pipeline(
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=tiny_hunyuanvideo15(in_channels=9),
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+        text_encoder_2=text_encoder_2,
+        tokenizer_2=tokenizer_2,
+        guider=ClassifierFreeGuidance(guidance_scale=6.0),
+    )
+    pipe.set_progress_bar_config(disable=True)
+    pipe.system_message = "Describe the video."
+    pipe.prompt_template_encode_start_idx = len(tokenizer(pipe.system_message).input_ids)
+    pipe.tokenizer_max_length, pipe.tokenizer_2_max_length, pipe.vision_num_semantic_tokens = 16, 16, 4
+    return pipe
+
+
+def generate15(pipe: HunyuanVideo15Pipeline) -> torch.Tensor:
+    """A whole generation up to the denoised latents (3 latent frames of 8 x 8 tokens; the tiny VAE's decode
+    merges nothing). The prompt quotes a text, so ByT5 encodes it; both prompts are padded and masked."""
+    with torch.no_grad():
+        return pipe(
+            prompt='a "hi" sign',
+            height=32,
+            width=32,
+            num_frames=5,
+            num_inference_steps=2,
+            generator=torch.Generator().manual_seed(0),
+            output_type="latent",
+        ).frames
+
+
+@pytest.mark.parametrize("how", TOME_USAGES)
+def test_hunyuanvideo15_pipeline_generates_the_same_video_twice_with_tome(how, tmp_path):
+    check_pipeline_usage(tiny_hunyuanvideo15_pipeline, generate15, how, tmp_path)
+
+
+def test_hunyuanvideo15_pipeline_merges_in_the_double_stream_blocks_only(tmp_path, monkeypatch):
+    pipe = tiny_hunyuanvideo15_pipeline(tmp_path)
+    tp.apply_tome(pipe, ratio=0.5)
+    calls = []
+    original = joint_attention._call
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(joint_attention, "_call", counting)
+    generate15(pipe)
+    assert len(calls) == 2 * 2 * 2  # two steps, two guidance calls, two blocks
+    slotted = {
+        f"{name}.{path}"
+        for name, component in pipe.components.items()
+        if isinstance(component, torch.nn.Module)
+        for path, m in component.named_modules()
+        if SLOT_ATTR in vars(m)
+    }
+    assert slotted == {f"transformer.transformer_blocks.{i}.attn" for i in range(2)}  # not the token refiner

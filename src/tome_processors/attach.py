@@ -34,7 +34,7 @@ from ._similarity import is_compiling
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
 from .families import find_family
-from .hooks import context_of, enter_block, install, warn_if_merges_nothing
+from .hooks import attention_modules, context_of, enter_block, install, warn_if_merges_nothing
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +77,22 @@ def slot_for_call(
         if slot is None and any(isinstance(module, ModelMixin) for module, _, _ in calls):
             passed_through.add(attn)  # the VAE's attention, temporal attention, ...: never merged here
     return slot
+
+
+def built_processor_for_call(attn: torch.nn.Module) -> type | None:
+    """The processor class that the diffusers model being called, of a supported family, builds `attn` with, as
+    its family tells (`Family.built_processor`), or None (no such model holds `attn`: its class's default runs).
+
+    For the attention modules a `ToMeProcessor()` merges nothing in: LTX-2.3 builds its audio stream's with a
+    processor other than its class's default.
+    """
+    for model, _, _ in _module_calls(sys._getframe(1)):
+        if not isinstance(model, ModelMixin):
+            continue
+        family = find_family(model)
+        if family is not None and any(module is attn for module in attention_modules(model)):
+            return family.built_processor(model, attn)
+    return None
 
 
 def _module_calls(frame: FrameType | None) -> list[tuple[torch.nn.Module, tuple, dict]]:

@@ -10,12 +10,13 @@ from typing import Any
 import torch
 from diffusers.models.attention_processor import AttnProcessor2_0, JointAttnProcessor2_0
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+from diffusers.models.transformers.transformer_ltx2 import LTX2PerturbedAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
 
 from ._similarity import is_compiling
 from .arguments import argument
-from .attach import PassedThrough, slot_for_call
+from .attach import PassedThrough, built_processor_for_call, slot_for_call
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
 from .families import Layout, class_default_processor
@@ -245,7 +246,7 @@ class ToMeProcessor(torch.nn.Module):
                 return inner(attn, hidden_states, *args, **_accepted(inner, kwargs))
             inner = self._built.get(attn)
             if inner is None:
-                inner = self.built_inner(attn)
+                inner = self.built_inner(attn, built_processor_for_call(attn))
                 self._built.set(attn, inner)
             # Only what that processor takes: this one's signature is the union of several (`_union_signature`).
             return inner(attn, hidden_states, *args, **_accepted(inner, kwargs))
@@ -347,6 +348,7 @@ _DEFAULT_SIGNATURE = _union_signature(
         AttnProcessor2_0,
         JointAttnProcessor2_0,
         FluxAttnProcessor,
+        LTX2PerturbedAttnProcessor,  # LTX-2.3's STG: `perturbation_mask`, `all_perturbed`
         QwenDoubleStreamAttnProcessor2_0,
         ZSingleStreamAttnProcessor,
     ]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from diffusers import LTX2VideoTransformer3DModel
+from dataclasses import replace
 
-from .base import Rotary
+import torch
+from diffusers import LTX2VideoTransformer3DModel
+from diffusers.models.transformers.transformer_ltx2 import LTX2Attention, LTX2PerturbedAttnProcessor
+
+from .base import BlockSite, Rotary
 from .ltx import LTXVideoFamily
 
 
@@ -22,6 +26,9 @@ class LTX2Family(LTXVideoFamily):
     second gather. A video self-attention mask (`video_self_attention_mask`, the IC-LoRA pipeline's) leaves
     `attn1` unmerged. The grid is `num_frames`, `height`, `width` (Python ints, the latent's) over
     `config.patch_size_t` / `config.patch_size`; the pipelines pass the timestep on the 0..1000 scale.
+    LTX-2.3's models (`config.perturbed_attn`) build all six attention modules of each block with
+    `LTX2PerturbedAttnProcessor`, through which the pipelines' spatio-temporal guidance (STG) skips attention: a
+    `ToMeProcessor()` without an inner processor runs that one there, and removal puts it back.
     """
 
     # LTX-Video's declaration and Wan's presets (docs/video.md), measured on the trained Wan-shaped video
@@ -34,3 +41,23 @@ class LTX2Family(LTXVideoFamily):
     # After the video and audio latents, their texts, `timestep`, `audio_timestep`, `sigma`, `audio_sigma` and
     # the two text masks.
     grid_arguments = ((10, "num_frames"), (11, "height"), (12, "width"))
+
+    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        sites = super().blocks(model)
+        built = _built_with(model)
+        if built is None:
+            return sites
+        return [replace(s, attentions=tuple(replace(a, built_with=built) for a in s.attentions)) for s in sites]
+
+    def built_processor(self, model: torch.nn.Module, attn: torch.nn.Module) -> type | None:
+        # The modules ToMe merges nothing in too (the audio stream's, the audio-video cross-attentions).
+        built = _built_with(model)
+        if built is not None and isinstance(attn, LTX2Attention):
+            return built
+        return super().built_processor(model, attn)
+
+
+def _built_with(model: torch.nn.Module) -> type | None:
+    """The processor `model` builds every attention module of its blocks with, where not `LTX2Attention`'s default:
+    LTX-2.3's (`perturbed_attn`), through which its pipelines' spatio-temporal guidance skips attention."""
+    return LTX2PerturbedAttnProcessor if getattr(model.config, "perturbed_attn", False) else None
