@@ -109,6 +109,22 @@ MODES: dict[str, ModeSpec] = {
     "temporal-mlp": ModeSpec(
         "ours st=2 mlp", {"st": 2, "merge_mlp": True}, True, "video: st=2 with the feed-forward merged too"
     ),
+    "window": ModeSpec("ours window", {"matching": "window"}, True, "merge, each source within its own window"),
+    "window-share": ModeSpec(
+        "ours window+share",
+        {"matching": "window", "share_level": True},
+        True,
+        "window matching, one matching per level and forward",
+    ),
+    "mlp-share": ModeSpec(
+        "ours mlp+share",
+        {"merge_mlp": True, "share_level": True},
+        True,
+        "merge the feed-forward too, one matching per level and forward",
+    ),
+    "temporal-window": ModeSpec(
+        "ours st=2 window", {"st": 2, "matching": "window"}, True, "video: 2x2x2 windows, window matching"
+    ),
     "bf16-share": ModeSpec(
         "ours bf16+share",
         {"similarity_dtype": "bfloat16", "share_level": True},
