@@ -44,6 +44,26 @@ case $1 in
     bench 300 wan81-balanced --arch wan --resolution 480 --width 832 --frames 81 --batch 1 --dtype bfloat16 --rounds 3 \
       --ratios 0.5 --modes temporal-only --presets balanced --no-trained-quality
     ;;
+  imagepipes)  # whole 1024 px images of the newer image transformers at full depth, bf16: `imagepipes [ARCH...]`
+    # (all four by default; their limits add up to 11 minutes: name two per call where a call may take 10).
+    # FLUX.2-dev's 64 GB transformer leaves no room on an 80 GB GPU for Mistral-Small's 48 GB: its text encoder is
+    # 2 layers deep. Z-Image runs Z-Image-Turbo's published call: 8 steps, no classifier-free guidance.
+    archs=("${@:2}")
+    [ ${#archs[@]} -gt 0 ] || archs=(qwenimage flux2 chroma zimage)
+    for arch in "${archs[@]}"; do
+      case $arch in
+        qwenimage) bench 200 qwenimage-pipe --pipeline --arch qwenimage --resolution 1024 --dtype bfloat16 --steps 10 \
+                     --rounds 1 --presets balanced fast ;;
+        flux2) bench 200 flux2-pipe --pipeline --arch flux2 --text-encoders small --resolution 1024 --dtype bfloat16 \
+                 --steps 10 --rounds 1 --presets balanced fast ;;
+        chroma) bench 150 chroma-pipe --pipeline --arch chroma --resolution 1024 --dtype bfloat16 --steps 10 --rounds 2 \
+                  --presets balanced fast ;;
+        zimage) bench 120 zimage-pipe --pipeline --arch zimage --resolution 1024 --dtype bfloat16 --steps 8 \
+                  --guidance-scale 0 --rounds 2 --presets balanced fast ;;
+        *) echo "unknown arch $arch" | tee -a "$log" ;;
+      esac
+    done
+    ;;
   wan720)
     bench 330 wan720-81 --arch wan --resolution 720 --width 1280 --frames 81 --batch 1 --dtype bfloat16 --rounds 2 --no-trained-quality
     ;;

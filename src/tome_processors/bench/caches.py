@@ -6,10 +6,11 @@ different axes, so the bench times the cache alone, and the cache with each ToMe
 ToMe alone and the baseline.
 
 First Block Cache and TaylorSeer are offered (`CACHES`). They are diffusers' own (`model.enable_cache(config)`,
-`model.disable_cache()`), so only a denoiser with diffusers' `CacheMixin` (FLUX.1 and the newer transformers;
-not the UNets, PixArt or SD3) takes them, and only a pipeline that opens a cache context around its
-denoiser calls (the newer pipelines do) runs them. Their quality is measured on whole sampling runs of the
-trained FLUX-shaped model (`cache_quality`).
+`model.disable_cache()`), so only a denoiser with diffusers' `CacheMixin` (FLUX.1 and most newer transformers;
+not the UNets, PixArt, SD3 or Z-Image) takes them, and only a pipeline that opens a cache context around its
+denoiser calls runs them (`opens_cache_context`; in diffusers 0.42.1 FLUX.1's, Qwen-Image's, Wan's and
+LTX-Video's do, FLUX.2's and Chroma's do not). Their quality is measured on whole sampling runs of the trained
+FLUX-shaped model (`cache_quality`).
 
 Example:
     >>> sorted(CACHES)
@@ -19,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +41,7 @@ __all__ = [
     "cache_methods",
     "cache_quality",
     "cache_quality_table",
+    "opens_cache_context",
     "supports_caches",
 ]
 
@@ -75,6 +78,23 @@ def supports_caches(model: torch.nn.Module) -> bool:
         False
     """
     return isinstance(model, CacheMixin)
+
+
+def opens_cache_context(pipe: Any) -> bool:
+    """Whether `pipe`'s `__call__` opens a cache context (`transformer.cache_context(...)`) around its denoiser
+    calls: diffusers' caches keep their state per context and fail without one. Read from the source; a pipeline
+    whose source cannot be read is assumed to open one.
+
+    Example:
+        >>> from diffusers import Flux2Pipeline, FluxPipeline
+        >>> opens_cache_context(FluxPipeline), opens_cache_context(Flux2Pipeline)
+        (True, False)
+    """
+    call = pipe.__call__ if isinstance(pipe, type) else type(pipe).__call__
+    try:
+        return "cache_context(" in inspect.getsource(call)
+    except (OSError, TypeError):
+        return True
 
 
 def cache_config(name: str, pipe: Any) -> Any:

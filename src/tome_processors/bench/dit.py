@@ -37,6 +37,8 @@ from diffusers import (
     ZImageTransformer2DModel,
 )
 
+from .meta import constructed_on
+
 __all__ = [
     "QUICK_TEXT_TOKENS",
     "VIDEO_ARCHITECTURES",
@@ -293,11 +295,21 @@ _MODEL_CLASSES: dict[str, type] = {
 }
 
 
-def build_transformer(arch: str, quick: bool = False, seed: int = 0, layers: int | None = None) -> torch.nn.Module:
+def build_transformer(
+    arch: str,
+    quick: bool = False,
+    seed: int = 0,
+    layers: int | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+) -> torch.nn.Module:
     """A diffusion transformer of the named architecture with random weights (seeded), in eval mode.
 
     `layers`: at most that many blocks in each of the model's block lists (the real width, a shorter depth;
     a CPU cannot run all 30 of Wan's at a clip's token count; speed-ups are then per block).
+    `device` and `dtype`: where the weights are made (`meta.constructed_on`: FLUX.2's 32 B parameters never
+    exist in float32 on the host); None: on the CPU in float32, for the caller to cast (a device's random
+    numbers differ from the CPU's, so the two give different weights).
 
     Example:
         >>> type(build_transformer("sd3", quick=True)).__name__
@@ -313,7 +325,10 @@ def build_transformer(arch: str, quick: bool = False, seed: int = 0, layers: int
     if layers is not None:
         config.update({name: min(config[name], layers) for name in _DEPTH_FIELDS if name in config})
     torch.manual_seed(seed)
-    return _MODEL_CLASSES[arch](**config).eval()
+    if device is None and dtype is None:
+        return _MODEL_CLASSES[arch](**config).eval()
+    with constructed_on(device or "cpu", dtype or torch.float32):
+        return _MODEL_CLASSES[arch](**config).eval()
 
 
 def latent_frames(arch: str, frames: int) -> int:

@@ -38,6 +38,7 @@ from .meta import synchronize, timed
 from .report import format_number, json_safe, save_grid
 
 __all__ = [
+    "DEFAULT_PROMPT",
     "DenoiserTimer",
     "first_output",
     "GenerationRow",
@@ -49,6 +50,9 @@ __all__ = [
     "save_generation_json",
     "time_generations",
 ]
+
+#: The prompt of every generation when none is given (`--prompt`).
+DEFAULT_PROMPT = "a photo of an astronaut riding a horse on mars"
 
 
 def generate_image(
@@ -74,7 +78,7 @@ def generate_image(
 
     def generate() -> Any:
         with torch.inference_mode():
-            return pipe(prompt, **kwargs).images[0]
+            return pipe(prompt=prompt, **kwargs).images[0]
 
     return timed(generate, device)
 
@@ -147,7 +151,10 @@ class DenoiserTimer:
         if self.batch is None:
             latents = argument(args, kwargs, 0, "sample")
             latents = argument(args, kwargs, 0, "hidden_states") if latents is None else latents
-            self.batch = int(latents.shape[0]) if isinstance(latents, torch.Tensor) else None
+            if isinstance(latents, (list, tuple)):  # Z-Image: one latent per image of the batch
+                self.batch = len(latents)
+            else:
+                self.batch = int(latents.shape[0]) if isinstance(latents, torch.Tensor) else None
         synchronize(_device_of(module))
         self._start = time.perf_counter()
 
@@ -317,7 +324,7 @@ def time_generations(
         name = target.active or "?"
         arguments = _call_kwargs(pipe, seed, steps, guidance_scale, resolution, resolution, "pt", kwargs)
         with torch.inference_mode(), DenoiserTimer(denoiser) as timer:
-            image = first_output(pipe(prompt, **arguments))
+            image = first_output(pipe(prompt=prompt, **arguments))  # by name: FLUX.2 takes `image` first
         generations.append(_Generation(name, timer.seconds, timer.calls, timer.batch))
         first_images.setdefault(name, image.detach().float().cpu())
         return image

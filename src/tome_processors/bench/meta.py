@@ -16,7 +16,8 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch
 from .. import __version__
 
 __all__ = [
+    "constructed_on",
     "cpu_name",
     "dtype_name",
     "machine",
@@ -87,6 +89,29 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"Expected a torch dtype name such as 'float16', but got {name!r}.")
     return dtype
+
+
+@contextmanager
+def constructed_on(device: torch.device | str, dtype: torch.dtype) -> Iterator[None]:
+    """Modules constructed inside get their weights made on `device` in `dtype` (torch's default device and
+    dtype, both put back on leaving): a model of billions of parameters never exists in float32 on the host.
+
+    Only for models whose constructors give every tensor they compute an explicit dtype (rotary tables in
+    float32 or float64): a table computed in the default dtype would be made in `dtype`, not cast from float32.
+
+    Example:
+        >>> with constructed_on("cpu", torch.bfloat16):
+        ...     layer = torch.nn.Linear(2, 2)
+        >>> layer.weight.dtype, torch.get_default_dtype()
+        (torch.bfloat16, torch.float32)
+    """
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -5,10 +5,13 @@
 - `--arch pixart|sd3|flux`: a diffusion transformer (`dit.py`), keeping its own processors;
 - `--arch svd`: Stable Video Diffusion's UNet (`svd.py`), `--frames` latent frames per clip;
 - `--arch wan`: a video diffusion transformer on a clip (`--frames`, `--width`; `--layers` shortens it);
+- `--arch qwenimage|flux2|chroma|zimage`: the newer image transformers (`dit.py`; `--layers` shortens them);
 - `--quick`: a tiny model of the same layout;
 - `--model`: a local folder or hub id (a UNet, or with `--pipeline` a whole pipeline);
 - `--pipeline` without `--model`: the architecture's whole pipeline around that model, every other
-  component with random weights too (`pipelines.py`; `video_pipelines.py` for wan).
+  component with random weights too (`pipelines.py`; `video_pipelines.py` for wan and ltx;
+  `image_pipelines.py` for qwenimage, flux2, chroma and zimage, whose weights are made on the device in the
+  dtype, transformer included: FLUX.2's 32 B parameters would not fit the host in float32).
 
 Example:
     >>> bench_model = build_model(arch="sd15", quick=True)
@@ -38,6 +41,8 @@ from .dit import (
     build_transformer,
     make_transformer_inputs,
 )
+from .generate import DEFAULT_PROMPT
+from .image_pipelines import IMAGE_PIPELINE_ARCHITECTURES, build_image_pipeline
 from .pipelines import build_pipeline
 from .svd import build_svd_unet, make_svd_inputs
 from .unet import build_unet, load_unet, make_inputs
@@ -106,22 +111,27 @@ def build_model(
     frames: int | None = None,
     width: int | None = None,
     layers: int | None = None,
+    prompt: str = DEFAULT_PROMPT,
 ) -> BenchModel:
     """The model to measure, with fixed inputs of `batch` at `resolution` pixels (default: the model's own).
 
     Args:
         model: a local diffusers folder (a pipeline with `unet/`, or a UNet folder) or a hub id.
-        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3`, `flux` or `svd` with random weights (default `sd15`).
+        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3`, `flux`, `svd`, a newer image transformer (`qwenimage`,
+            `flux2`, `chroma`, `zimage`) or a video one (`dit.VIDEO_ARCHITECTURES`), random weights (default `sd15`).
         quick: a tiny model of the architecture's layout (128 px by default).
         pipeline: the whole pipeline (for full generations): with `model` loaded, else the architecture's
-            pipeline with random weights around the same denoiser (`pipelines.build_pipeline`; for wan
-            `video_pipelines.build_video_pipeline`, its clip in `call_kwargs`).
+            pipeline with random weights around the same denoiser (`pipelines.build_pipeline`; for wan and ltx
+            `video_pipelines.build_video_pipeline`, its clip in `call_kwargs`; for the newer image transformers
+            `image_pipelines.build_image_pipeline`, every weight made on `device` in `dtype`).
         seed: seeds the random weights and inputs.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (`pipelines.build_pipeline`).
         frames: a video architecture's clip: wan's pixel frames (default its clip of `dit.VIDEO_DEFAULTS`), or
             svd's frames per clip (default the model's `num_frames`, 14).
         width: wan's clip width (`resolution` is the height).
         layers: for a diffusion-transformer `arch` (wan too), at most that many blocks per block list.
+        prompt: with `pipeline` for qwenimage or flux2: the prompt the generations will send (their tokenizers
+            learn its words, `image_pipelines.write_bpe_tokenizer`).
 
     Example:
         >>> bench_model = build_model(arch="pixart", quick=True, pipeline=True)
@@ -133,7 +143,9 @@ def build_model(
     device = torch.device(device)
     pipe, components, call_kwargs = None, {}, {}
     if model is None and arch in TRANSFORMER_ARCHITECTURES:
-        net = cast(build_transformer(arch, quick=quick, seed=seed, layers=layers), device, dtype)
+        # the newer image pipelines: every weight made where it runs; the forward bench keeps the CPU's weights
+        where = dict(device=device, dtype=dtype) if pipeline and arch in IMAGE_PIPELINE_ARCHITECTURES else {}
+        net = cast(build_transformer(arch, quick=quick, seed=seed, layers=layers, **where), device, dtype)
         depth = f", {layers} blocks per block list" if layers is not None else ""
         description = f"{arch}{' (tiny)' if quick else ''} architecture{depth}, random weights"
     elif model is None and arch == "svd":
@@ -157,10 +169,12 @@ def build_model(
     if pipeline and model is None:
         if arch in VIDEO_PIPELINE_ARCHITECTURES:
             built = build_video_pipeline(net, arch, quick, text_encoders, seed, resolution, width, frames)
+        elif arch in IMAGE_PIPELINE_ARCHITECTURES:
+            built = build_image_pipeline(net, arch, quick, text_encoders, seed, device, dtype, prompt)
         else:
             built = build_pipeline(net, arch or "sd15", quick=quick, text_encoders=text_encoders, seed=seed)
-        for part in built.pipe.components.values():
-            if isinstance(part, torch.nn.Module) and part is not net:
+        for part in built.pipe.components.values():  # the newer image pipelines' parts are made in place, as loaded
+            if isinstance(part, torch.nn.Module) and part is not net and arch not in IMAGE_PIPELINE_ARCHITECTURES:
                 cast(part, device, dtype)
         pipe, components, call_kwargs = built.pipe, built.components, built.call_kwargs
         description = f"{type(pipe).__name__}, {description}"

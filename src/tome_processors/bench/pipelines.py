@@ -54,10 +54,13 @@ from transformers import (
 from .dit import QUICK_TEXT_TOKENS
 
 __all__ = [
+    "FLUX_SCHEDULER",
+    "FLUX_VAE",
     "PIPELINE_ARCHITECTURES",
     "SMALL_TEXT_LAYERS",
     "T5_XXL",
     "TEXT_ENCODER_SIZES",
+    "TINY_VAE",
     "RandomPipeline",
     "build_pipeline",
     "write_clip_tokenizer",
@@ -181,9 +184,12 @@ _VAES: dict[str, tuple[str, dict[str, Any]]] = {
     "sd3": ("SD3 VAE", dict(_VAE_16, scaling_factor=1.5305, shift_factor=0.0609)),
     "flux": ("Flux VAE", dict(_VAE_16, scaling_factor=0.3611, shift_factor=0.1159)),
 }  # fmt: skip
+#: FLUX.1-dev's scheduler settings and VAE config (Chroma and Z-Image have the same: `image_pipelines.py`).
+FLUX_SCHEDULER = _SCHEDULERS["flux"][1]
+FLUX_VAE = _VAES["flux"][1]
 # Four levels like the real VAEs (8x downsampling, so `--quick` latents match the forward bench's), tiny widths;
 # 4 latent channels: what the `--quick` SD3 and Flux transformers read.
-_TINY_VAE = dict(block_out_channels=(16, 16, 32, 32), layers_per_block=1, norm_num_groups=8, latent_channels=4,
+TINY_VAE = dict(block_out_channels=(16, 16, 32, 32), layers_per_block=1, norm_num_groups=8, latent_channels=4,
                  use_quant_conv=True, use_post_quant_conv=True)  # fmt: skip
 
 
@@ -326,7 +332,7 @@ def build_pipeline(
             described[f"tokenizer{suffix}"] = f"{type(tokenizer).__name__}, a character vocabulary written locally"
     vae_label, vae_config = _VAES[arch]
     if quick:
-        vae_config = dict(vae_config, **_TINY_VAE)
+        vae_config = dict(vae_config, **TINY_VAE)
     torch.manual_seed(seed + 10)
     components["vae"] = AutoencoderKL(**vae_config).eval()
     channels = "/".join(str(c) for c in vae_config["block_out_channels"])

@@ -27,9 +27,9 @@ from typing import Any, NamedTuple
 import torch
 
 from .attention_share import attention_share_metrics
-from .caches import cache_methods, cache_quality, cache_quality_table, supports_caches
+from .caches import cache_methods, cache_quality, cache_quality_table, opens_cache_context, supports_caches
 from .engine import BenchSettings, Method, run_benchmark
-from .generate import generation_table, save_generation_grid, save_generation_json, time_generations
+from .generate import DEFAULT_PROMPT, generation_table, save_generation_grid, save_generation_json, time_generations
 from .meta import dtype_name, machine, resolve_device, resolve_dtype, versions
 from .methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, pick_methods
 from .models import BenchModel, build_model
@@ -98,7 +98,7 @@ class BenchRequest:
     grid_path: str = "tome-bench-grid.png"
     text_encoders: str | None = None
     cache: str | None = None
-    prompt: str = "a photo of an astronaut riding a horse on mars"
+    prompt: str = DEFAULT_PROMPT
     steps: int = 20
     guidance_scale: float = 7.5
     frames: int | None = None
@@ -137,6 +137,7 @@ def run_bench(request: BenchRequest) -> int:
         frames=request.frames,
         width=request.width,
         layers=request.layers,
+        prompt=request.prompt,
     )
     methods, notes = pick_methods(
         bench.model,
@@ -153,6 +154,12 @@ def run_bench(request: BenchRequest) -> int:
             raise ValueError(
                 f"Expected a denoiser with diffusers' caches (CacheMixin) for cache={request.cache!r}, but got "
                 f"{type(bench.model).__name__}."
+            )
+        if not opens_cache_context(bench.pipe):
+            raise ValueError(
+                f"Expected a pipeline that opens a cache context around its denoiser calls for "
+                f"cache={request.cache!r}, but {type(bench.pipe).__name__} does not (diffusers' caches fail "
+                "without one)."
             )
         presets = [m for m in methods if m.family in {f"ours {preset}" for preset in request.presets}]
         methods += cache_methods(request.cache, bench.pipe, presets)
@@ -251,6 +258,8 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
         guidance_scale=request.guidance_scale,
         seconds=f"per {unit}: one generation end to end; per step: inside the denoiser, per denoiser call",
     )
+    if bench.call_kwargs:  # what the random-weight pipeline's every call adds (Qwen-Image's guidance, a clip, ...)
+        meta["call_arguments"] = dict(bench.call_kwargs)
     if "num_frames" in bench.call_kwargs:  # a random-weight video pipeline's clip
         clip = bench.call_kwargs
         meta.update(output="video", frames=clip["num_frames"], height=clip["height"], width=clip["width"])

@@ -15,6 +15,7 @@ Example:
     $ tome-processors bench --model ./sd15 --pipeline --prompt "a red fox in the snow"
     $ tome-processors bench --pipeline --quick --arch flux --cache fbc --presets balanced  # a cache, ToMe, both
     $ tome-processors bench --pipeline --quick --arch wan --steps 2   # whole videos: seconds per video (ltx too)
+    $ tome-processors bench --pipeline --quick --arch qwenimage --steps 2   # flux2, chroma, zimage too
 
 With `--pipeline` it times whole generations instead (text encoder, every denoising step, VAE decode) on the
 architecture's pipeline with random weights, or on `--model`'s: seconds per image (per video with `--arch
@@ -33,6 +34,7 @@ import torch
 
 from ..bench.caches import CACHES
 from ..bench.dit import VIDEO_ARCHITECTURES, VIDEO_STRIDES
+from ..bench.image_pipelines import IMAGE_PIPELINE_ARCHITECTURES
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES
 from ..bench.pipelines import TEXT_ENCODER_SIZES
 from ..bench.run import BenchRequest, run_bench
@@ -44,8 +46,13 @@ _COMPILE_DEFAULT = "default"
 _COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
-#: Transformer architectures measured on single forwards only (no random-weight pipeline of theirs in bench/).
-_NEW_TRANSFORMERS = ("qwenimage", "flux2", "chroma", "zimage")
+#: The newer image transformers (their random-weight pipelines: `bench.image_pipelines`).
+_NEW_TRANSFORMERS = IMAGE_PIPELINE_ARCHITECTURES
+#: Video transformers measured on single forwards only (no random-weight pipeline of theirs in bench/).
+_FORWARD_ONLY = ("ltx2", "hunyuanvideo")
+#: Random-weight pipelines whose scheduler stretches its sigmas to a terminal value (`shift_terminal`): one step
+#: makes its only sigma 0 / 0, a NaN image.
+_TERMINAL_SHIFT = ("qwenimage", "ltx")
 
 
 def _listed(values: Any) -> str:
@@ -178,14 +185,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=TEXT_ENCODER_SIZES,
         default=None,
         help="random-weight --pipeline only: the real text encoders' shapes (full, the default) or their widths "
-        "with 2 layers each (small: T5-XXL alone is 19 GB in float32)",
+        "with 2 layers each (small: T5-XXL alone is 19 GB in float32, FLUX.2's Mistral-Small 48 GB in bfloat16)",
     )
     gen.add_argument(
         "--cache",
         choices=sorted(CACHES),
         default=None,
-        help="also time diffusers' step cache NAME alone and with each preset row (a denoiser with enable_cache: "
-        "flux and the newer transformers)",
+        help="also time diffusers' step cache NAME alone and with each preset row (a denoiser with enable_cache "
+        "whose pipeline opens a cache context: flux, qwenimage, wan, ltx)",
     )
     gen.add_argument("--prompt", default=BenchRequest.prompt)
     gen.add_argument("--steps", type=int, default=BenchRequest.steps, help="denoising steps per generation")
@@ -232,8 +239,9 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
         fail(f"Expected --frames only with a video --arch ({videos}, svd), but got --arch {args.arch}.")
     if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS):
         fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
-    if args.pipeline and (args.arch in _NEW_TRANSFORMERS or args.arch in ("ltx2", "hunyuanvideo")):
-        fail(f"Expected --pipeline with sd15, sd2, sdxl, pixart, sd3, flux, wan or ltx, but got --arch {args.arch}.")
+    if args.pipeline and args.arch in _FORWARD_ONLY:
+        archs = ", ".join(["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "wan", "ltx"])
+        fail(f"Expected --pipeline with {archs}, but got --arch {args.arch}.")
     for name in ("batch", "warmup", "steps", "rounds", "frames", "layers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             fail(f"Expected --{name} >= 1, but got {getattr(args, name)}.")
@@ -286,7 +294,12 @@ def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
         fail("Expected --pipeline with an image --arch (whole SVD videos are not built offline), but got --arch svd.")
     if args.text_encoders is not None and (args.model is not None or args.quick):
         fail("Expected --text-encoders only for a full-size random-weight pipeline, not with --model or --quick.")
-    transformer = args.arch in ("pixart", "sd3", "flux")
+    if args.model is None and args.arch in _TERMINAL_SHIFT and args.steps < 2:
+        fail(
+            f"Expected --steps >= 2 for the {args.arch} pipeline (its scheduler stretches the sigmas to a terminal "
+            f"value, which one step makes NaN), but got {args.steps}."
+        )
+    transformer = args.arch in ("pixart", "sd3", "flux", *_NEW_TRANSFORMERS)
     if transformer and args.resolution is not None and args.resolution % 16:
         fail(f"Expected --resolution to be a multiple of 16 for the {args.arch} pipeline, but got {args.resolution}.")
     if args.arch in CLIP_MULTIPLES:
