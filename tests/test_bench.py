@@ -211,6 +211,14 @@ def test_two_level_mode_reaches_the_second_attention_level():
     assert sd15.settings["mode"] == "downsample_kv" and sd15.name == "ours kv-avg 2 levels"
 
 
+def test_matching_modes_set_window_matching_and_the_feed_forward():
+    window, shared, mlp, video = mode_methods(["window", "window-share", "mlp-share", "temporal-window"], [0.7], 1)
+    assert window.settings == {"ratio": 0.7, "matching": "window"} and window.name == "ours window r=0.7"
+    assert shared.settings == {"ratio": 0.7, "share_level": True, "matching": "window"}
+    assert mlp.settings == {"ratio": 0.7, "merge_mlp": True, "share_level": True}
+    assert video.settings == {"ratio": 0.7, "st": 2, "matching": "window"}
+
+
 def test_rounds_bracket_every_method_with_baseline_runs():
     for round_index in range(4):
         order = _schedule(8, round_index, 3, timed=True)
