@@ -40,9 +40,13 @@ case $1 in
     bench 200 ltx-121 --arch ltx --resolution 512 --width 768 --frames 121 --batch 1 --dtype bfloat16 --rounds 3 --no-trained-quality
     bench 250 ltx-704x1216 --arch ltx --resolution 704 --width 1216 --frames 121 --batch 1 --dtype bfloat16 --rounds 3 --no-trained-quality
     ;;
-  wanbalanced)  # is balanced's per-block variant (the one within its quality target on the trained video model) as fast as exact?
-    bench 300 wan81-balanced --arch wan --resolution 480 --width 832 --frames 81 --batch 1 --dtype bfloat16 --rounds 3 \
-      --ratios 0.5 --modes temporal-only --presets balanced --no-trained-quality
+  window)  # the window-matching presets (video balanced/fast, joint transformers balanced/fast) against exact, and
+    # the feed-forward merged too (mlp-share) on the joint transformers, where it might be the faster `fast`
+    bench 230 wan81-window --arch wan --resolution 480 --width 832 --frames 81 --batch 1 --dtype bfloat16 --rounds 3 --no-trained-quality
+    for arch in qwenimage flux; do
+      bench 70 "$arch-1024-window" --arch "$arch" --resolution 1024 --layers 4 --dtype bfloat16 --rounds 5 --ratios 0.5 \
+        --modes mlp-share --no-tomesd
+    done
     ;;
   imagepipes)  # whole 1024 px images of the newer image transformers at full depth, bf16: `imagepipes [ARCH...]`
     # (all four by default; their limits add up to 11 minutes: name two per call where a call may take 10).
