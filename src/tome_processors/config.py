@@ -97,7 +97,8 @@ class ToMeConfig:
             outside every full window: the nearest window's), `N` dot products; the sources most similar
             to their own destination merge. Merged tokens then stay beside their destination, which
             keeps rotary positions close; on the trained video model it changes the prediction less
-            than global matching at a higher ratio (docs/options.md).
+            than global matching at a higher ratio (docs/options.md). `similarity_dtype` has no
+            product to act on there.
 
     Example:
         >>> from tome_processors import ToMeConfig
