@@ -326,7 +326,10 @@ class GridLayout:
         order = [[offsets[p] for p in range(places) if p != c] + [offsets[c]] for c in range(places)]
         covered = torch.zeros(frames, h, w, dtype=torch.bool)
         covered[: fst * st, : hsy * sy, : wsx * sx] = True
-        edges = torch.arange(frames * hw)[~covered.view(-1)]
+        # The uncovered tokens in order, as many as the grid leaves (a size the host knows: no boolean
+        # indexing, whose data-dependent size a compiled graph could not hold when it builds the layout).
+        num_edges = frames * hw - fst * st * hsy * sy * wsx * sx
+        edges = covered.view(-1).to(torch.uint8).argsort(stable=True)[:num_edges]
         window_of_token = torch.zeros(frames, h, w, dtype=torch.long)
         window_of_token[: fst * st, : hsy * sy, : wsx * sx] = (
             torch.arange(fst * hsy * wsx)
