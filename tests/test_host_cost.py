@@ -111,7 +111,7 @@ NEW_FAMILIES = {
     "chroma": (tiny_chroma, lambda model: chroma_inputs(padded=3)),
     "zimage": (tiny_zimage, lambda model: zimage_inputs(text=(7, 40))),
     # HunyuanVideo 1.5 with its per-sample text padding (its forward's own boolean indexing syncs and breaks a
-    # graph without ToMe: not in the compiled-graph test).
+    # graph without ToMe: its blocks have a compiled-graph test of their own).
     "hunyuanvideo15": (tiny_hunyuanvideo15, lambda model: hunyuanvideo15_inputs()),
 }
 
@@ -582,6 +582,42 @@ def test_compiles_in_one_graph_without_recompiling_across_steps(family, one_thre
             inputs["timestep"] = torch.full_like(torch.as_tensor(inputs["timestep"]), t)
             torch.testing.assert_close(forward(compiled, dict(inputs)), expected, rtol=1e-4, atol=1e-5)
     torch._dynamo.reset()
+
+
+def test_hunyuanvideo15_blocks_compile_in_one_graph_without_recompiling_across_steps(one_thread):
+    # HunyuanVideo 1.5's forward is no graph, with or without ToMe: it branches on `torch.all(image_embeds == 0)`
+    # and reorders each sample's text by its masks. Its blocks compile (regional compilation, as diffusers'
+    # `compile_repeated_blocks` does it): 12 blocks, more than torch.compile recompiles one function for (8), in two
+    # graphs: the forward's first block, which draws every block's partitions, and one for the eleven others.
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    model = tiny_hunyuanvideo15(12)
+    inputs = hunyuanvideo15_inputs()
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="(?s)image_embeds == 0"):
+        torch.compile(model, fullgraph=True, backend="eager")(**inputs)
+    tp.apply_tome(model)
+    timesteps = [999.0, 750.0, 500.0, 250.0]
+    eager = []
+    for t in timesteps:
+        inputs["timestep"] = torch.full_like(inputs["timestep"], t)
+        eager.append(forward(model, dict(inputs)))
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    for block in model.transformer_blocks:
+        block.compile(fullgraph=True, backend=counter)  # graph breaks raise with fullgraph
+    try:
+        inputs["timestep"] = torch.full_like(inputs["timestep"], timesteps[0])
+        torch.testing.assert_close(forward(model, dict(inputs)), eager[0], rtol=1e-4, atol=1e-5)
+        assert counter.frame_count == 2
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for t, expected in zip(timesteps[1:], eager[1:], strict=True):
+                inputs["timestep"] = torch.full_like(inputs["timestep"], t)
+                torch.testing.assert_close(forward(model, dict(inputs)), expected, rtol=1e-4, atol=1e-5)
+        assert counter.frame_count == 2
+    finally:
+        torch._dynamo.reset()
 
 
 def main() -> None:
