@@ -31,6 +31,25 @@ def test_grid_partition_with_choice():
     assert dst.tolist() == [5, 3]  # in window order
 
 
+def test_a_layout_is_built_inside_one_compiled_graph():
+    # A model compiled before its first call (fullgraph, or one compiled block: `compile_repeated_blocks`) builds
+    # its layouts inside the graph: no size may depend on a tensor's values (the edges of a 5 x 7 grid of three
+    # frames with 2 x 2 x 2 windows: the last row and column of the first two frames and the whole third).
+    import torch._dynamo
+
+    def build() -> tuple[torch.Tensor, torch.Tensor]:
+        layout = GridLayout.build(5, 7, 2, 2, frames=3, st=2)
+        return layout.edges, layout.partitions(torch.zeros(1, layout.windows, dtype=torch.long)).perm
+
+    torch._dynamo.reset()
+    try:
+        edges, perm = torch.compile(build, fullgraph=True, backend="eager")()
+    finally:
+        torch._dynamo.reset()
+    expected = [t for t in range(105) if t >= 70 or t % 35 >= 28 or t % 7 == 6]
+    assert edges.tolist() == expected and torch.equal(perm, build()[1])
+
+
 def test_worked_example_merge_and_unmerge():
     # 1 x 4 grid, windows of 2: destinations are tokens 0 and 2.
     metric = torch.tensor([[[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.2, 1.0]]])

@@ -86,7 +86,8 @@ class ModelState:
     step: int = 0
     num_blocks: int = 0
     kept: dict[tuple, _KeptMerge] = field(default_factory=dict)
-    # Per forward: each grid's partitions for every block, and the merges shared within a level. Tuples
+    # Per forward: the keys of each grid's partitions (handed to the blocks, `BlockState.planned`), and the
+    # merges shared within a level. Tuples
     # that are replaced, not mutated: torch.compile breaks the graph at diffusers' signature lookup
     # after a dict mutation.
     _plans: tuple = ()
@@ -106,6 +107,8 @@ class ModelState:
     # The current generation's marker (`Family.generation_marker`), held so that no later tensor can take
     # its storage's address while it is compared with.
     _generation: torch.Tensor | None = None
+    # Every block's state (each `BlockState` adds itself), to hand each block its own of a forward's partitions.
+    blocks: list[BlockState] = field(default_factory=list, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
         # A copy (`copy.deepcopy`, `pickle`) starts with no generation and empty caches: they hold the
@@ -123,11 +126,11 @@ class ModelState:
         self.step = 0
         self._last_timestep = None
         self._generation = None
-        self._plans = ()
         self._stacks = ()
         self._shared = ()
         self.rotary_tables = ()
         self.kept.clear()
+        self._forget_plans()
 
     def begin(
         self,
@@ -152,7 +155,7 @@ class ModelState:
         self.latent_hw = latent_hw
         self.frames = frames
         self.timestep = timestep
-        self._plans = ()
+        self._forget_plans()
         self._stacks = ()
         self._shared = ()
         self.rotary_tables = ()
@@ -160,6 +163,13 @@ class ModelState:
             self._count_step(timestep)
         if self.config.ratio_start is not None:
             self.timestep_value = timestep_value if timestep_value is not None else _timestep_value(timestep)
+
+    def _forget_plans(self) -> None:
+        # Every block's handed-over partitions too: written here before a compiled graph reads any, so none
+        # holds a guard on the last forward's.
+        self._plans = ()
+        for block in self.blocks:
+            block.planned = ()
 
     def _follow_generation(self, marker: torch.Tensor) -> None:
         last = self._generation
@@ -208,17 +218,21 @@ class ModelState:
         text: int = 0,
         text_rows: int = 0,
         samples: int | None = None,
-    ) -> list[Partition]:
-        """This forward's partition of `grid` for every block (one list entry per block, or one for all).
+    ) -> int:
+        """Where this forward's partitions of `grid` are in every block's `BlockState.planned` (made the first time).
+
+        Each block gets its own partition (one per block, or one for all), found at the same place in every
+        block: a block reads no number of its own to find it, so one compiled block serves all of them
+        (regional compilation, `compile_repeated_blocks`; a number read in a compiled block is a guard).
 
         `text` / `text_rows`: see `GridLayout.with_text` (Flux's blocks: the text ahead of the image tokens).
         `samples`: the model's batch where `batch` counts frames (a video merged frame by frame).
         """
         samples = batch if samples is None else samples
         key = (config, grid, batch, device, text, text_rows, samples)
-        for plan_key, plan in self._plans:
+        for place, plan_key in enumerate(self._plans):
             if plan_key == key:
-                return plan
+                return place
         layout = self.layout(grid, config, device)
         lead = self.needs_row_token
         # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd).
@@ -229,8 +243,11 @@ class ModelState:
             plan = stack.unbind()
         else:
             plan = [self._fixed(layout, batch, text, text_rows)]
-        self._plans = (*self._plans, (key, plan))
-        return plan
+        place = len(self._plans)
+        for block in self.blocks:  # after this forward's earlier plans
+            block.planned = (*block.planned, plan[block.index] if len(plan) > 1 else plan[0])
+        self._plans = (*self._plans, key)
+        return place
 
     def _stack(self, config: ToMeConfig, layout: GridLayout, batch: int, device: torch.device) -> Partition:
         # Every block's partition of this forward, drawn at once; kept for the forward's other text layouts.
@@ -340,12 +357,19 @@ class BlockState:
     merged_config: ToMeConfig | None = None
     merge: TokenMerge | None = None
     ff_merge: TokenMerge | None = None
+    # This block's partitions in this forward, one per grid and layout (`ModelState.partitions`: where).
+    planned: tuple[Partition, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.model.num_blocks = max(self.model.num_blocks, self.index + 1)
+        self.model.blocks.append(self)
 
     def __getstate__(self) -> dict:  # a copy holds no forward's tensors (see `ModelState.__getstate__`)
         return {"model": self.model, "index": self.index}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.model.blocks.append(self)
 
     def reset(self) -> None:
         self.metric = None
@@ -451,8 +475,8 @@ class BlockState:
         similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
         if grid.frames > 1 and config.st == 1:
             return self._compute_per_frame(config, metric, grid, r, similarity_dtype)
-        plan = self.model.partitions(config, grid, metric.shape[0], metric.device, text, rows)
-        partition = plan[self.index] if len(plan) > 1 else plan[0]
+        place = self.model.partitions(config, grid, metric.shape[0], metric.device, text, rows)
+        partition = self.planned[place]  # read after `partitions`, which may have handed it over
         windows = self._source_window(config, grid, metric.device)
         return match(metric, partition, r, similarity_dtype, self.model.needs_row_token, tail, windows)
 
@@ -464,8 +488,8 @@ class BlockState:
         batch, num_tokens, channels = metric.shape
         frames = grid.frames
         frame = Grid(grid.h, grid.w, grid.downsample)
-        plan = self.model.partitions(config, frame, batch * frames, metric.device, samples=batch)
-        partition = plan[self.index] if len(plan) > 1 else plan[0]
+        place = self.model.partitions(config, frame, batch * frames, metric.device, samples=batch)
+        partition = self.planned[place]
         per_frame = metric.reshape(batch * frames, num_tokens // frames, channels)
         windows = self._source_window(config, frame, metric.device)
         merge = match(per_frame, partition, r // frames, similarity_dtype, self.model.needs_row_token, 0, windows)

@@ -231,6 +231,8 @@ class Partition:
         text_rows: text tokens among the merged tokens (0 or `text`).
         lead: `(B, text + D)` or None: the positions that open every `row_token`: the text's, then the
             destinations' (counted after the text); made with the partition so a merge does not.
+        layout: the `GridLayout` it was made from, or None: `match` takes `dst_row` from it with every
+            sample's row offset already added (`GridLayout.dst_row`), so that a merge does not add them.
     """
 
     perm: torch.Tensor
@@ -240,6 +242,7 @@ class Partition:
     text: int = 0
     text_rows: int = 0
     lead: torch.Tensor | None = None
+    layout: GridLayout | None = field(default=None, repr=False)
 
     @property
     def num_src(self) -> int:
@@ -264,7 +267,9 @@ class Partition:
         if self.lead is not None:
             tensors.append(self.lead)
         per_block = zip(*(t.unbind(0) for t in tensors), strict=True)
-        return [Partition(*fields[:4], self.text, self.text_rows, *fields[4:]) for fields in per_block]
+        return [
+            Partition(*fields[:4], self.text, self.text_rows, *fields[4:], layout=self.layout) for fields in per_block
+        ]
 
 
 @dataclass(frozen=True, eq=False)
@@ -326,7 +331,10 @@ class GridLayout:
         order = [[offsets[p] for p in range(places) if p != c] + [offsets[c]] for c in range(places)]
         covered = torch.zeros(frames, h, w, dtype=torch.bool)
         covered[: fst * st, : hsy * sy, : wsx * sx] = True
-        edges = torch.arange(frames * hw)[~covered.view(-1)]
+        # The uncovered tokens in order, as many as the grid leaves (a size the host knows: no boolean
+        # indexing, whose data-dependent size a compiled graph could not hold when it builds the layout).
+        num_edges = frames * hw - fst * st * hsy * sy * wsx * sx
+        edges = covered.view(-1).to(torch.uint8).argsort(stable=True)[:num_edges]
         window_of_token = torch.zeros(frames, h, w, dtype=torch.long)
         window_of_token[: fst * st, : hsy * sy, : wsx * sx] = (
             torch.arange(fst * hsy * wsx)
@@ -361,17 +369,25 @@ class GridLayout:
     def windows(self) -> int:
         return self.origins.shape[1]
 
-    def dst_row(self, batch: int, text_rows: int = 0) -> torch.Tensor:
-        """`(batch, text_rows + N)`: the text rows, then `window_of_token` after them; made once per batch size."""
+    def dst_row(self, batch: int, text_rows: int = 0, rows: int = 0) -> torch.Tensor:
+        """`(batch, text_rows + N)`: the text rows, then `window_of_token` after them; made once per batch size.
+
+        With `rows`, sample b's entries are moved by `b * rows`: the flat rows of a merge with `rows` rows
+        per sample (`match`'s, which then adds no offsets of its own).
+        """
 
         def make() -> torch.Tensor:
-            if not text_rows:
-                return self.window_of_token.expand(batch, -1)
             device = self.window_of_token.device
-            rows = torch.cat([torch.arange(text_rows, device=device), self.window_of_token + text_rows])
-            return rows.expand(batch, -1)
+            if not text_rows:
+                first_guess = self.window_of_token.expand(batch, -1)
+            else:
+                first_guess = torch.cat([torch.arange(text_rows, device=device), self.window_of_token + text_rows])
+                first_guess = first_guess.expand(batch, -1)
+            if batch == 1 or not rows:
+                return first_guess
+            return first_guess + torch.arange(batch, device=device).view(batch, 1) * rows
 
-        return cached(self._batched, (batch, text_rows), make)
+        return cached(self._batched, (batch, text_rows, rows if batch > 1 else 0), make)
 
     def partitions(self, choice: torch.Tensor, batch: int | None = None) -> Partition:
         """A stack of partitions, one per row of `choice` `(K, W)` (each window's destination place).
@@ -387,9 +403,9 @@ class GridLayout:
             perm = torch.cat([perm[:, :-W], self.edges.expand(K, -1), perm[:, -W:]], dim=1)
         src_idx, dst_idx = perm.split((perm.shape[1] - W, W), dim=1)
         if batch is None:
-            return Partition(perm, self.window_of_token.expand(K, -1), src_idx, dst_idx)
+            return Partition(perm, self.window_of_token.expand(K, -1), src_idx, dst_idx, layout=self)
         src_idx = src_idx.unsqueeze(1).expand(K, batch, src_idx.shape[1])
-        return Partition(perm, self.dst_row(batch).expand(K, batch, -1), src_idx, dst_idx)
+        return Partition(perm, self.dst_row(batch).expand(K, batch, -1), src_idx, dst_idx, layout=self)
 
     def fixed(self, batch: int | None = None) -> Partition:
         """Every window's top-left token as its destination (tomesd's `no_rand`)."""
@@ -416,7 +432,7 @@ class GridLayout:
             dst = dst.expand(*blocks, batch, partition.num_dst)
             text_positions = positions(text, device).expand(*blocks, batch, text)
             leading = torch.cat([text_positions, dst], dim=-1) if text else dst
-        return Partition(partition.perm, dst_row, src_idx, partition.dst_idx, text, text_rows, leading)
+        return Partition(partition.perm, dst_row, src_idx, partition.dst_idx, text, text_rows, leading, self)
 
 
 def grid_partition(
@@ -568,19 +584,24 @@ def match(
         order = best_score.argsort(dim=-1, descending=True)  # the sources from most to least similar
         # The ranked sources' destinations (a source's window is the same in every sample: one `take`).
         ranked_dst = best_dst.gather(1, order) if source_window is None else source_window.take(order)
-        dst_row, src_idx = partition.dst_row, partition.src_idx
-        if dst_row.ndim == 1:  # a partition made without `batch`
-            dst_row, src_idx = dst_row.expand(B, -1), src_idx.expand(B, S)
+        # Rows of sample b start at b * (M + tail): the first guesses (the layout's, made once per grid) and the
+        # rank constants below come with those offsets, so no op adds them here.
+        dst_row, src_idx, rows = partition.dst_row, partition.src_idx, M + tail
+        if partition.layout is not None:
+            dst_row = partition.layout.dst_row(B, text_rows, rows)
+        else:  # a partition made by hand
+            dst_row = dst_row.expand(B, -1) if dst_row.ndim == 1 else dst_row
+            dst_row = dst_row + _batch_offsets(B, rows, metric.device) if B > 1 else dst_row
+        if src_idx.ndim == 1:  # a partition made without `batch`
+            src_idx = src_idx.expand(B, S)
         ranked_src = src_idx.gather(1, order)
         # In rank order, the r best go to their destination's row and the others follow the destinations:
         # row = base + merged * best destination, two constants per rank (one op where a second sort took four).
-        merged, base = _rank_rows(S, D, r, text_rows, metric.device)
+        merged, base = _rank_rows(S, D, r, text_rows, metric.device, B, rows)
         ranked_row = torch.addcmul(base, merged, ranked_dst)
         token_row = dst_row.scatter(1, ranked_src, ranked_row)
         if tail:  # each tail token a row of its own, after the grid's rows
-            token_row = torch.cat([token_row, _tail_positions(B, M, tail, metric.device)], dim=1)
-        if B > 1:  # rows of sample b start at b * (M + tail)
-            token_row = token_row + _batch_offsets(B, M + tail, metric.device)
+            token_row = torch.cat([token_row, _tail_rows(B, tail, M, metric.device)], dim=1)
         flat_row = token_row.view(-1)
         ones = _ones(B * (text_rows + N + tail), metric.device, metric.dtype)
         row_size = _zeros(B * (M + tail), 1, metric.device, metric.dtype).index_add(0, flat_row, ones)
@@ -646,18 +667,22 @@ def _zeros(rows: int, channels: int, device: torch.device, dtype: torch.dtype) -
 
 
 def _rank_rows(
-    sources: int, dsts: int, r: int, text_rows: int, device: torch.device
+    sources: int, dsts: int, r: int, text_rows: int, device: torch.device, batch: int = 1, rows: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per rank: 1 where the source is merged (the r best), and the row it goes to less its destination's."""
+    """Per rank: 1 where the source is merged (the r best), and the row it goes to less its destination's:
+    `(S,)` each, or with `batch` > 1 the rows `(batch, S)`, sample b's moved by `b * rows` (its flat rows)."""
 
     def make() -> tuple[torch.Tensor, torch.Tensor]:
         rank = torch.arange(sources, device=device)
         merged = rank < r
         # Merged: text_rows + destination; kept: after the text and destination rows, in rank order.
         base = torch.where(merged, text_rows, rank + (text_rows + dsts - r))
+        if batch > 1:
+            base = base + torch.arange(batch, device=device).view(batch, 1) * rows
         return merged.long(), base
 
-    return cached(_CONSTANTS, ("ranks", sources, dsts, r, text_rows, device), make, limit=256)
+    key = ("ranks", sources, dsts, r, text_rows, device, batch, rows if batch > 1 else 0)
+    return cached(_CONSTANTS, key, make, limit=256)
 
 
 def _text_rows(batch: int, text: int, rows: int, device: torch.device) -> torch.Tensor:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
+import types
 import weakref
 from typing import Any
 
@@ -25,22 +27,36 @@ from .merge import TokenMerge, pool_tokens
 from .rotary_attention import run_with_rotary
 
 
-class _SignedCall:
+def _signed_call(processor: ToMeProcessor, signature: inspect.Signature) -> types.MethodType:
     """`processor.__call__` as diffusers inspects it: the inner processor's signature.
 
     `Attention.forward` keeps only the keyword arguments named in
     `inspect.signature(processor.__call__)`, so a wrapper must show its inner processor's
     parameters or IP-Adapter masks and custom keyword arguments are silently dropped.
+
+    A method bound to `processor`, of one function per signature: torch.compile guards on the identity of
+    what it reads the signature from (the function, for a method), so one compiled block serves every block
+    (regional compilation, `compile_repeated_blocks`); an object per processor was one graph per block.
     """
+    try:
+        function = _SIGNED_CALLS.get(signature)
+    except TypeError:  # a signature with unhashable defaults: a function of its own
+        function = None
+    if function is None:
 
-    __slots__ = ("processor", "__signature__")
+        def __call__(self: ToMeProcessor, *args: Any, **kwargs: Any) -> Any:
+            return self(*args, **kwargs)
 
-    def __init__(self, processor: ToMeProcessor, signature: inspect.Signature) -> None:
-        self.processor = processor
-        self.__signature__ = _TraceableSignature.of(signature)
+        parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *signature.parameters.values()]
+        __call__.__signature__ = _TraceableSignature(parameters, return_annotation=signature.return_annotation)  # type: ignore[attr-defined]
+        function = __call__
+        with contextlib.suppress(TypeError):
+            _SIGNED_CALLS[signature] = function
+    return types.MethodType(function, processor)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.processor(*args, **kwargs)
+
+#: `_signed_call`'s function for each signature.
+_SIGNED_CALLS: dict[inspect.Signature, Any] = {}
 
 
 class _TraceableSignature(inspect.Signature):
@@ -61,10 +77,6 @@ class _TraceableSignature(inspect.Signature):
             parameters, return_annotation=return_annotation, __validate_parameters__=__validate_parameters__
         )
         self._plain = dict(self._parameters)
-
-    @classmethod
-    def of(cls, signature: inspect.Signature) -> _TraceableSignature:
-        return cls(list(signature.parameters.values()), return_annotation=signature.return_annotation)
 
     @property
     def parameters(self) -> dict[str, inspect.Parameter]:  # type: ignore[override]
@@ -156,12 +168,23 @@ class ToMeProcessor(torch.nn.Module):
         # Instance attribute: found by `processor.__call__` lookups (diffusers' signature check)
         # while calls still go through nn.Module.__call__ -> forward. Without an inner processor, the
         # signature of `Attention`'s default, as before a module's first call replaces this processor.
-        signature = _inner_signature(inner) if inner is not None else _DEFAULT_SIGNATURE
-        self.__dict__["__call__"] = _SignedCall(self, signature)
+        self._signature = _inner_signature(inner) if inner is not None else _DEFAULT_SIGNATURE
+        self.__dict__["__call__"] = _signed_call(self, self._signature)
         # Attention modules where this processor, set without `apply_tome`, found nothing to attach to.
         self._passed_through = PassedThrough()
         self._built = _BuiltProcessors()  # without an inner processor: what runs on those modules
         self._sdpa = AttnProcessor2_0() if inner is None else None  # ... under torch.compile on `Attention`
+
+    def __getstate__(self) -> dict:
+        # `__call__` is bound to this processor: made again from the signature (`pickle` would bind it to
+        # the half-made copy's `nn.Module.__call__`).
+        state = dict(self.__dict__)
+        state.pop("__call__", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.__dict__["__call__"] = _signed_call(self, self._signature)
 
     def extra_repr(self) -> str:
         inner = type(self.inner).__name__ if self.inner is not None else "each module's own"
