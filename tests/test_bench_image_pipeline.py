@@ -87,7 +87,7 @@ def test_qwen_image_with_first_block_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_run, "cache_quality", lambda name, methods: cache_quality(name, methods, steps=2))
     data = run_cli(tmp_path, "--arch", "qwenimage", "--cache", "fbc", "--presets", "balanced")
     rows = {row["name"]: row for row in data["rows"]}
-    assert list(rows) == ["baseline", "ours balanced r=0.3", "FirstBlockCache", "FirstBlockCache + ours balanced r=0.3"]
+    assert list(rows) == ["baseline", "ours balanced r=0.5", "FirstBlockCache", "FirstBlockCache + ours balanced r=0.5"]
     assert all(all(math.isfinite(row[key]) for key in SECONDS) for row in rows.values())
     assert data["meta"]["call_arguments"] == {"negative_prompt": " ", "true_cfg_scale": 4.0, "guidance_scale": None}
 

@@ -51,7 +51,7 @@ def wan_run(tmp_path_factory):
 
 def test_rows_time_whole_videos_and_the_preset_merges(wan_run):
     rows = wan_run["rows"]
-    assert [row["name"] for row in rows] == ["baseline", "ours balanced r=0.5"]
+    assert [row["name"] for row in rows] == ["baseline", "ours balanced r=0.75"]
     for row in rows:
         assert all(math.isfinite(row[key]) and row[key] > 0 for key in SECONDS), row["name"]
         # guidance: a conditional and an unconditional forward per step, batch 1 each
@@ -140,7 +140,7 @@ def test_ltx_pipeline_times_whole_videos(tmp_path, capsys):
     meta, rows = data["meta"], data["rows"]
     assert meta["pipeline"] == "LTXPipeline" and (meta["height"], meta["width"], meta["frames"]) == (64, 96, 9)
     assert components_start(meta, "AutoencoderKLLTXVideo, tiny", "T5EncoderModel, tiny")
-    assert [row["name"] for row in rows] == ["baseline", "ours fast r=0.7"]
+    assert [row["name"] for row in rows] == ["baseline", "ours fast r=0.85"]
     assert rows[0]["image_change"] == 0.0 and 0.0 < rows[1]["image_change"] < 1.0  # the preset merged
     assert rows[0]["denoiser_calls"] == 2 and rows[0]["denoiser_batch"] == 2  # LTX batches the guidance
     assert "s/video" in capsys.readouterr().out

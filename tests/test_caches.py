@@ -149,7 +149,7 @@ def test_cache_rows_of_the_bench(tmp_path):
     assert supports_caches(bench.model)
     presets = preset_methods(["balanced"], bench.model, auto_downsample=1)
     methods = [baseline_method(), *presets, *cache_methods("fbc", bench.pipe, presets)]
-    assert [m.name for m in methods[2:]] == ["FirstBlockCache", "FirstBlockCache + ours balanced r=0.3"]
+    assert [m.name for m in methods[2:]] == ["FirstBlockCache", "FirstBlockCache + ours balanced r=0.5"]
     settings = BenchSettings(rounds=1, measure_memory=False, host_cost=False, progress=False)
     run = time_generations(bench.pipe, methods, "a cat", steps=3, resolution=64, settings=settings)
     changes = {row.name: row.image_change for row in run.rows}
@@ -180,10 +180,10 @@ def test_pyramid_attention_broadcast_does_not_act_on_flux(flux):
 def test_cache_quality_on_the_trained_flux_shaped_model():
     rows = cache_quality("fbc", preset_methods(["balanced"], "flux", auto_downsample=1), steps=6)
     by_name = {row["method"]: row for row in rows}
-    assert list(by_name) == ["ours balanced r=0.3", "FirstBlockCache", "FirstBlockCache + ours balanced r=0.3"]
+    assert list(by_name) == ["ours balanced r=0.5", "FirstBlockCache", "FirstBlockCache + ours balanced r=0.5"]
     assert all(row["image_change"] > 0 for row in rows)  # each changes the trajectory
     assert (
-        by_name["FirstBlockCache + ours balanced r=0.3"]["image_change"] != by_name["FirstBlockCache"]["image_change"]
+        by_name["FirstBlockCache + ours balanced r=0.5"]["image_change"] != by_name["FirstBlockCache"]["image_change"]
     )
     table = cache_quality_table(rows)
     assert table.count("\n") == 4 and "FirstBlockCache + ours balanced" in table
