@@ -333,7 +333,7 @@ def test_bench_runs_the_quick_hunyuanvideo_with_its_presets(tmp_path):
     argv += ["--no-trained-quality"]  # the trained video model's columns: tests/test_video.py
     assert main([*argv, "--ratios", "0.5", "--presets", "balanced", "--json", str(path)]) == 0
     rows = {row["name"]: row for row in json.loads(path.read_text())["rows"]}
-    assert sorted(rows) == ["baseline", "ours balanced r=0.5", "ours r=0.5"]
+    assert sorted(rows) == ["baseline", "ours balanced r=0.75", "ours r=0.5"]
     for name, row in rows.items():
         if name != "baseline":
             assert 0 < row["rel_error"] < 1

@@ -413,7 +413,7 @@ def test_bench_rows_for_wan_show_attention_share_and_the_trained_video_columns(t
     assert main([*argv, "--ratios", "0.5", "--modes", "temporal", "--presets", "balanced", "--json", str(path)]) == 0
     data = json.loads(path.read_text())
     rows = {row["name"]: row for row in data["rows"]}
-    assert sorted(rows) == ["baseline", "ours balanced r=0.5", "ours r=0.5", "ours st=2 r=0.5"]
+    assert sorted(rows) == ["baseline", "ours balanced r=0.75", "ours r=0.5", "ours st=2 r=0.5"]
     for name, row in rows.items():
         assert 0 < row["extra"]["attention %"] < 100
         changed = [row["extra"][column] > 0 for column in (VIDEO_EPS_CHANGE, VIDEO_FLICKER)]
