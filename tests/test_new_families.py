@@ -505,7 +505,7 @@ def test_bench_builds_each_architecture_with_fewer_layers(arch):
     [
         (["--arch", "sd15", "--layers", "2"], "Expected --layers with a diffusion-transformer --arch"),
         (["--arch", "zimage", "--layers", "0"], "Expected --layers >= 1"),
-        (["--arch", "qwenimage", "--pipeline"], "Expected --pipeline with sd15"),
+        (["--arch", "ltx2", "--pipeline"], "Expected --pipeline with sd15"),
     ],
 )
 def test_bench_refuses_layers_and_pipelines_it_cannot_build(argv, message, capsys):
