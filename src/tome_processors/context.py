@@ -477,7 +477,7 @@ class BlockState:
             return self._compute_per_frame(config, metric, grid, r, similarity_dtype)
         place = self.model.partitions(config, grid, metric.shape[0], metric.device, text, rows)
         partition = self.planned[place]  # read after `partitions`, which may have handed it over
-        windows = self._source_window(config, grid, metric.device)
+        windows = _source_window(config, partition)
         return match(metric, partition, r, similarity_dtype, self.model.needs_row_token, tail, windows)
 
     def _compute_per_frame(
@@ -491,14 +491,14 @@ class BlockState:
         place = self.model.partitions(config, frame, batch * frames, metric.device, samples=batch)
         partition = self.planned[place]
         per_frame = metric.reshape(batch * frames, num_tokens // frames, channels)
-        windows = self._source_window(config, frame, metric.device)
+        windows = _source_window(config, partition)
         merge = match(per_frame, partition, r // frames, similarity_dtype, self.model.needs_row_token, 0, windows)
         return fold_frames(merge, batch, frames)
 
-    def _source_window(self, config: ToMeConfig, grid: Grid, device: torch.device) -> torch.Tensor | None:
-        if config.matching != "window":
-            return None
-        return self.model.layout(grid, config, device).source_window
+
+def _source_window(config: ToMeConfig, partition: Partition) -> torch.Tensor | None:
+    """Each source's window under window matching (from the layout the partition was made from), else None."""
+    return partition.layout.source_window if config.matching == "window" else None
 
 
 def _num_sources(grid: Grid, config: ToMeConfig) -> int:
