@@ -5,7 +5,8 @@ attention calls on some denoising steps; ToMe makes the blocks that still run ch
 different axes, so the bench times the cache alone, and the cache with each ToMe row it was given, next to
 ToMe alone and the baseline.
 
-First Block Cache and TaylorSeer are offered (`CACHES`). They are diffusers' own (`model.enable_cache(config)`,
+First Block Cache and TaylorSeer (diffusers' defaults, which predict the attention modules' outputs, and its lite
+mode, which skips whole blocks) are offered (`CACHES`). They are diffusers' own (`model.enable_cache(config)`,
 `model.disable_cache()`), so only a denoiser with diffusers' `CacheMixin` (FLUX.1 and most newer transformers;
 not the UNets, PixArt, SD3 or Z-Image) takes them, and only a pipeline that opens a cache context around its
 denoiser calls runs them (`opens_cache_context`; in diffusers 0.42.1 FLUX.1's, Qwen-Image's, Wan's and
@@ -14,7 +15,7 @@ FLUX-shaped model (`cache_quality`).
 
 Example:
     >>> sorted(CACHES)
-    ['fbc', 'taylorseer']
+    ['fbc', 'taylorseer', 'taylorseer-lite']
     >>> cache_methods("fbc", pipe, [baseline, balanced])  # doctest: +SKIP
 """
 
@@ -67,6 +68,13 @@ CACHES: dict[str, CacheSpec] = {
         "FirstBlockCache", lambda _: FirstBlockCacheConfig(threshold=0.2), "First Block Cache, threshold 0.2"
     ),
     "taylorseer": CacheSpec("TaylorSeer", lambda _: TaylorSeerCacheConfig(), "TaylorSeer, diffusers' defaults"),
+    # Lite: whole blocks skipped on the predicted steps (only the output projection is predicted), so every block
+    # that runs runs on a computed step, where ToMe's saving counts in full.
+    "taylorseer-lite": CacheSpec(
+        "TaylorSeer lite",
+        lambda _: TaylorSeerCacheConfig(use_lite_mode=True),
+        "TaylorSeer's lite mode: blocks skipped, the output projection predicted",
+    ),
 }
 
 
@@ -164,13 +172,18 @@ def _both(
 
 
 def cache_quality(
-    name: str, tome_methods: Sequence[Method], steps: int = 20, strength: float = 0.6
+    name: str,
+    tome_methods: Sequence[Method],
+    steps: int = 20,
+    strength: float = 0.6,
+    references: Sequence[Method] = (),
 ) -> list[dict[str, Any]]:
     """The change each row makes to whole DDIM trajectories of the trained FLUX-shaped model (a
     `FluxTransformer2DModel`, which takes diffusers' caches itself; `sampling.SamplingProbe`).
 
-    Rows: every one of `tome_methods` alone, cache `name` alone, and the cache with each of `tome_methods`
-    (applied as on the bench's denoiser: ToMe first). Each row: `method`, `image_change` (relative to the
+    Rows: every one of `references` alone (the bounds a preset is held to, e.g. ToMe at 0.5), every one of
+    `tome_methods` alone, cache `name` alone, and the cache with each of `tome_methods` (applied as on the
+    bench's denoiser: ToMe first). Each row: `method`, `image_change` (relative to the
     unmerged, uncached run's final images) and `psnr_drop` (dB, against the clean crops). A cache that hooks
     none of the model's blocks gives one row, with both None.
 
@@ -190,7 +203,7 @@ def cache_quality(
     methods[0].remove(probe.model)
     if not hooked:  # the cache finds none of the model's blocks: no quality to report
         return [{"method": methods[0].name, "image_change": None, "psnr_drop": None}]
-    for method in [*tome_methods, *methods]:
+    for method in [*references, *tome_methods, *methods]:
         measured = probe.measure(method.apply, method.remove)
         rows.append(
             {"method": method.name, "image_change": measured["image_change"], "psnr_drop": measured["psnr_drop"]}

@@ -274,8 +274,9 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
     print(f"grid: {grid}" + (" (the first frame of each video)" if video else ""))
     if request.cache is not None:
         presets = [m for m in methods if m.family in {f"ours {preset}" for preset in request.presets}]
+        references = [m for m in methods if m.family == "ours"]  # `--ratios` rows: the bounds presets are held to
         print()
-        print(cache_quality_table(cache_quality(request.cache, presets)))
+        print(cache_quality_table(cache_quality(request.cache, presets, references=references)))
     return 0
 
 
