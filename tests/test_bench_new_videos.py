@@ -1,4 +1,5 @@
-"""`tome-processors bench --arch hunyuanvideo15|wan-i2v`: HunyuanVideo 1.5 and Wan2.1 image-to-video in the bench.
+"""`tome-processors bench --arch hunyuanvideo15|wan-i2v`: HunyuanVideo 1.5 and Wan2.1 image-to-video in the bench,
+and `--pipeline --arch wan-i2v` (a random-weight `WanImageToVideoPipeline`).
 
 The real configs are checked on the meta device (8.3 B and 16.4 B parameters: nothing is allocated); the runs
 are `--quick` (tiny models), one round, no timing assertions.
@@ -7,9 +8,13 @@ are `--quick` (tiny models), one round, no timing assertions.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
+from diffusers import WanImageToVideoPipeline
+from diffusers.pipelines.wan import pipeline_wan_i2v
+from transformers import CLIPVisionModel
 
 from tome_processors.bench.dit import (
     TRANSFORMER_ARCHITECTURES,
@@ -18,6 +23,8 @@ from tome_processors.bench.dit import (
     make_transformer_inputs,
 )
 from tome_processors.bench.models import build_model
+from tome_processors.bench.pipelines import SMALL_TEXT_LAYERS
+from tome_processors.bench.video_pipelines import build_video_pipeline
 from tome_processors.cli.main import main
 from tome_processors.families import family_of
 
@@ -104,3 +111,62 @@ def test_bad_options_exit_2(argv, message, capsys):
 
 def test_both_are_video_architectures_of_the_bench():
     assert {"hunyuanvideo15", "wan-i2v"} <= set(TRANSFORMER_ARCHITECTURES)
+
+
+# ---------------------------------------------------------------- --pipeline --arch wan-i2v
+
+
+@pytest.fixture
+def ftfy_or_stand_in(monkeypatch):
+    """The I2V pipeline cleans prompts with ftfy (diffusers 0.42.1): without it, a stand-in that leaves them as
+    they are (as tests/test_wan_image_to_video.py does)."""
+    if not hasattr(pipeline_wan_i2v, "ftfy"):
+        monkeypatch.setattr(pipeline_wan_i2v, "ftfy", SimpleNamespace(fix_text=lambda text: text), raising=False)
+
+
+def full_i2v_pipeline(text_encoders: str = "full"):
+    """The full-size pipeline on the meta device: shapes only, no memory, no weights."""
+    with torch.device("meta"):
+        return build_video_pipeline(build_transformer("wan-i2v"), "wan-i2v", text_encoders=text_encoders)
+
+
+@pytest.mark.usefixtures("ftfy_or_stand_in")
+def test_full_size_i2v_pipeline_has_clip_vit_h_and_the_480p_clip():
+    built = full_i2v_pipeline()
+    pipe, config = built.pipe, built.pipe.transformer.config
+    assert isinstance(pipe, WanImageToVideoPipeline) and isinstance(pipe.image_encoder, CLIPVisionModel)
+    vision = pipe.image_encoder.config
+    assert (vision.hidden_size, vision.num_hidden_layers, vision.num_attention_heads) == (1280, 32, 16)
+    assert (vision.image_size, vision.patch_size) == (224, 14)  # 16 x 16 patches and the class token: 257
+    assert vision.hidden_size == config.image_dim and pipe.vae.config.z_dim == config.out_channels == 16
+    assert pipe.text_encoder.config.d_model == config.text_dim == 4096
+    image = built.call_kwargs.pop("image")
+    assert image.size == (832, 480)
+    assert built.call_kwargs == {"height": 480, "width": 832, "num_frames": 81, "max_sequence_length": 512}
+    assert "257 image tokens" in built.components["image_encoder"]
+    assert full_i2v_pipeline("small").pipe.image_encoder.config.num_hidden_layers == SMALL_TEXT_LAYERS
+
+
+@pytest.mark.usefixtures("ftfy_or_stand_in")
+def test_quick_i2v_pipeline_times_whole_videos_from_a_first_frame(tmp_path):
+    path = tmp_path / "i2v.json"
+    argv = ["bench", "--pipeline", "--quick", "--arch", "wan-i2v", "--steps", "2", "--rounds", "1", "--threads", "1"]
+    argv += ["--no-progress", "--no-memory", "--resolution", "32", "--width", "48", "--frames", "5"]
+    assert main([*argv, "--presets", "balanced", "--json", str(path), "--grid", str(tmp_path / "grid.png")]) == 0
+    data = json.loads(path.read_text())
+    rows = {row["name"]: row for row in data["rows"]}
+    assert sorted(rows) == ["baseline", "ours balanced r=0.75"]
+    assert all(row["denoiser_calls"] == 4 for row in rows.values())  # 2 steps with guidance
+    meta = data["meta"]
+    assert meta["pipeline"] == "WanImageToVideoPipeline" and (meta["frames"], meta["width"]) == (5, 48)
+    assert meta["call_arguments"]["image"] == "an RGB image of 48 x 32 px"
+    assert meta["call_arguments"]["max_sequence_length"] == 512  # its attention's split, --quick too
+    assert meta["components"]["image_encoder"].startswith("CLIPVisionModel, tiny (5 image tokens)")
+
+
+def test_i2v_pipeline_without_ftfy_is_refused_before_anything_is_built(monkeypatch, capsys):
+    monkeypatch.delattr(pipeline_wan_i2v, "ftfy", raising=False)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--pipeline", "--quick", "--arch", "wan-i2v"])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Expected ftfy" in err and "for the wan-i2v pipeline" in err

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+from PIL import Image
 
 from .attention_share import attention_share_metrics
 from .caches import cache_methods, cache_quality, cache_quality_table, opens_cache_context, supports_caches
@@ -259,7 +260,7 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
         seconds=f"per {unit}: one generation end to end; per step: inside the denoiser, per denoiser call",
     )
     if bench.call_kwargs:  # what the random-weight pipeline's every call adds (Qwen-Image's guidance, a clip, ...)
-        meta["call_arguments"] = dict(bench.call_kwargs)
+        meta["call_arguments"] = {name: _shown(value) for name, value in bench.call_kwargs.items()}
     if "num_frames" in bench.call_kwargs:  # a random-weight video pipeline's clip
         clip = bench.call_kwargs
         meta.update(output="video", frames=clip["num_frames"], height=clip["height"], width=clip["width"])
@@ -277,6 +278,16 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
         print()
         print(cache_quality_table(cache_quality(request.cache, presets)))
     return 0
+
+
+def _shown(value: Any) -> Any:
+    """A call argument as the metadata shows it: an image (an image-to-video pipeline's first frame) by its size.
+
+    Example:
+        >>> _shown(Image.new("RGB", (832, 480))), _shown(81)
+        ('an RGB image of 832 x 480 px', 81)
+    """
+    return f"an {value.mode} image of {value.width} x {value.height} px" if isinstance(value, Image.Image) else value
 
 
 def _meta(

@@ -14,7 +14,7 @@ Example:
     $ tome-processors bench --arch svd --frames 2             # Stable Video Diffusion's UNet, 2 frames
     $ tome-processors bench --model ./sd15 --pipeline --prompt "a red fox in the snow"
     $ tome-processors bench --pipeline --quick --arch flux --cache fbc --presets balanced  # a cache, ToMe, both
-    $ tome-processors bench --pipeline --quick --arch wan --steps 2   # whole videos: seconds per video (ltx too)
+    $ tome-processors bench --pipeline --quick --arch wan --steps 2   # whole videos: seconds per video (ltx, wan-i2v)
     $ tome-processors bench --pipeline --quick --arch qwenimage --steps 2   # flux2, chroma, zimage too
     $ tome-processors bench --arch hunyuanvideo15 --layers 1 --frames 33   # also wan-i2v, ltx2, hunyuanvideo
 
@@ -50,7 +50,7 @@ _COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no
 #: The newer image transformers (their random-weight pipelines: `bench.image_pipelines`).
 _NEW_TRANSFORMERS = IMAGE_PIPELINE_ARCHITECTURES
 #: Video transformers measured on single forwards only (no random-weight pipeline of theirs in bench/).
-_FORWARD_ONLY = ("ltx2", "hunyuanvideo", "hunyuanvideo15", "wan-i2v")
+_FORWARD_ONLY = ("ltx2", "hunyuanvideo", "hunyuanvideo15")
 #: Random-weight pipelines whose scheduler stretches its sigmas to a terminal value (`shift_terminal`): one step
 #: makes its only sigma 0 / 0, a NaN image.
 _TERMINAL_SHIFT = ("qwenimage", "ltx")
@@ -241,7 +241,7 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
     if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS):
         fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
     if args.pipeline and args.arch in _FORWARD_ONLY:
-        archs = ", ".join(["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "wan", "ltx"])
+        archs = ", ".join(["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "wan", "wan-i2v", "ltx"])
         fail(
             f"Expected --pipeline with {archs}, but got --arch {args.arch} (the bench builds no random-weight "
             "pipeline for it: without --pipeline it times the transformer's forwards)."
@@ -311,6 +311,15 @@ def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
     transformer = args.arch in ("pixart", "sd3", "flux", *_NEW_TRANSFORMERS)
     if transformer and args.resolution is not None and args.resolution % 16:
         fail(f"Expected --resolution to be a multiple of 16 for the {args.arch} pipeline, but got {args.resolution}.")
+    if args.arch == "wan-i2v" and args.model is None:
+        from ..bench.image_to_video import missing_requirements  # imports the pipeline: only when it is built
+
+        missing = missing_requirements()
+        if missing:
+            fail(
+                f"Expected {' and '.join(missing)} for the wan-i2v pipeline (WanImageToVideoPipeline cleans prompts "
+                f"with ftfy; the first frame is a scikit-image photo): pip install {' '.join(missing)}."
+            )
     if args.arch in CLIP_MULTIPLES:
         side = CLIP_MULTIPLES[args.arch]
         for name in ("resolution", "width"):
