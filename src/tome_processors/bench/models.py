@@ -10,7 +10,7 @@
 - `--quick`: a tiny model of the same layout;
 - `--model`: a local folder or hub id (a UNet, or with `--pipeline` a whole pipeline);
 - `--pipeline` without `--model`: the architecture's whole pipeline around that model, every other
-  component with random weights too (`pipelines.py`; `video_pipelines.py` for wan and ltx;
+  component with random weights too (`pipelines.py`; `video_pipelines.py` for wan, wan-i2v and ltx;
   `image_pipelines.py` for qwenimage, flux2, chroma and zimage, whose weights are made on the device in the
   dtype, transformer included: FLUX.2's 32 B parameters would not fit the host in float32).
 
@@ -122,7 +122,7 @@ def build_model(
             `flux2`, `chroma`, `zimage`) or a video one (`dit.VIDEO_ARCHITECTURES`), random weights (default `sd15`).
         quick: a tiny model of the architecture's layout (128 px by default).
         pipeline: the whole pipeline (for full generations): with `model` loaded, else the architecture's
-            pipeline with random weights around the same denoiser (`pipelines.build_pipeline`; for wan and ltx
+            pipeline with random weights around the same denoiser (`pipelines.build_pipeline`; for wan, wan-i2v and ltx
             `video_pipelines.build_video_pipeline`, its clip in `call_kwargs`; for the newer image transformers
             `image_pipelines.build_image_pipeline`, every weight made on `device` in `dtype`).
         seed: seeds the random weights and inputs.

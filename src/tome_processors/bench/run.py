@@ -46,7 +46,8 @@ class BenchRequest:
 
     Attributes:
         model: a local diffusers folder or a hub id; None for an architecture with random weights.
-        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3`, `flux` or `svd` (None: sd15 when no `model`).
+        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3`, `flux`, `svd`, a newer image transformer or a video one
+            (`dit.VIDEO_ARCHITECTURES`; None: sd15 when no `model`).
         quick: a tiny model of the architecture's layout.
         pipeline: time whole generations (`generate.time_generations`) instead of single forwards.
         resolution: image side in pixels (None: the model's own).
@@ -65,8 +66,9 @@ class BenchRequest:
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
         cache: with `pipeline`, one of diffusers' step caches (`caches.CACHES`), timed alone and with each preset.
         prompt, steps, guidance_scale: with `pipeline`, each generation's.
-        frames: a video architecture's clip: pixel frames (wan) or frames per clip (svd); None: the model's.
-        width: wan's clip width in pixels (`resolution` its height).
+        frames: a video architecture's clip: pixel frames (wan, wan-i2v, ...) or frames per clip (svd); None: the
+            model's.
+        width: a video transformer's clip width in pixels (`resolution` its height).
         layers: a diffusion-transformer `arch` (wan too) with at most that many blocks per block list (None: all).
         command: the command line, for the metadata.
     """

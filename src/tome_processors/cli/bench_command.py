@@ -20,7 +20,7 @@ Example:
 
 With `--pipeline` it times whole generations instead (text encoder, every denoising step, VAE decode) on the
 architecture's pipeline with random weights, or on `--model`'s: seconds per image (per video with `--arch
-wan` or `ltx`, whose clip `--resolution`, `--width` and `--frames` set) and per denoising step.
+wan`, `wan-i2v` or `ltx`, whose clip `--resolution`, `--width` and `--frames` set) and per denoising step.
 """
 
 from __future__ import annotations
@@ -178,8 +178,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pipeline",
         action="store_true",
         help="time whole generations (text encoder, every step, VAE decode) instead of single forwards, on the "
-        "--arch pipeline with random weights (or --model's), and save a labelled image grid (wan, ltx: whole videos, "
-        "the grid of their first frames)",
+        "--arch pipeline with random weights (or --model's), and save a labelled image grid (wan, wan-i2v, ltx: "
+        "whole videos, the grid of their first frames)",
     )
     gen.add_argument(
         "--text-encoders",
