@@ -2,8 +2,9 @@
 
 The full-size architectures follow the published transformer configs of PixArt-α (XL-2, 1024 px),
 Stable Diffusion 3 medium, FLUX.1-dev, Qwen-Image, FLUX.2-dev, Chroma1-HD, Z-Image-Turbo and the video
-models Wan2.1-T2V-1.3B, LTX-Video 2B, LTX-2 (19 B, audio and video) and HunyuanVideo (13 B; their inputs are a
-latent clip of `frames` frames at `resolution x width` pixels, and LTX-2's the audio of that clip).
+models Wan2.1-T2V-1.3B, Wan2.1-I2V-14B-480P (`wan-i2v`), LTX-Video 2B, LTX-2 (19 B, audio and video),
+HunyuanVideo (13 B) and HunyuanVideo 1.5 (8.3 B; their inputs are a latent clip of `frames` frames at
+`resolution x width` pixels, and LTX-2's the audio of that clip).
 Nothing is downloaded; weights are diffusers' random initialisation, so speed and memory are those of the
 real model while the output change says nothing about image quality. FLUX.1-dev has 12 B parameters: about
 48 GB in float32, 24 GB in bfloat16; FLUX.2-dev 32 B. `layers` (`--layers`) keeps the real width and
@@ -27,6 +28,7 @@ from diffusers import (
     ChromaTransformer2DModel,
     Flux2Transformer2DModel,
     FluxTransformer2DModel,
+    HunyuanVideo15Transformer3DModel,
     HunyuanVideoTransformer3DModel,
     LTX2VideoTransformer3DModel,
     LTXVideoTransformer3DModel,
@@ -40,9 +42,11 @@ from diffusers import (
 from .meta import constructed_on
 
 __all__ = [
+    "HUNYUANVIDEO15_CONTEXT",
     "QUICK_TEXT_TOKENS",
     "VIDEO_ARCHITECTURES",
     "VIDEO_STRIDES",
+    "WAN_I2V_IMAGE_TOKENS",
     "latent_frames",
     "ltx2_audio_frames",
     "TRANSFORMER_ARCHITECTURES",
@@ -209,6 +213,50 @@ _FULL: dict[str, dict[str, Any]] = {
         rope_theta=256.0,
         rope_axes_dim=(16, 56, 56),
     ),
+    # HunyuanVideo 1.5 (8.3 B): 54 double-stream blocks, 16 heads x 128; the latent (32 channels), the first
+    # frame's condition (32) and its mask (1) over channels; Qwen2.5-VL-7B's 3584-wide text, ByT5's 1472-wide
+    # glyph text, SigLIP's 1152-wide image embedding. The "480p_t2v" config of diffusers'
+    # scripts/convert_hunyuan_video1_5_to_diffusers.py (the class's defaults, with task_type "t2v").
+    "hunyuanvideo15": dict(
+        in_channels=65,
+        out_channels=32,
+        num_attention_heads=16,
+        attention_head_dim=128,
+        num_layers=54,
+        num_refiner_layers=2,
+        mlp_ratio=4.0,
+        patch_size=1,
+        patch_size_t=1,
+        qk_norm="rms_norm",
+        text_embed_dim=3584,
+        text_embed_2_dim=1472,
+        image_embed_dim=1152,
+        rope_theta=256.0,
+        rope_axes_dim=(16, 56, 56),
+        use_meanflow=False,
+        target_size=640,
+        task_type="t2v",
+    ),
+    # Wan2.1-I2V-14B-480P: 40 blocks, 40 heads x 128, ffn 13824; the noisy latent (16 channels), the first
+    # frame's mask (4) and its latent (16) over channels; CLIP ViT-H/14's 1280-wide image tokens, with their own
+    # keys and values in cross-attention (`added_kv_proj_dim`). The "Wan-I2V-14B-480p" config of diffusers'
+    # scripts/convert_wan_to_diffusers.py.
+    "wan-i2v": dict(
+        patch_size=(1, 2, 2),
+        num_attention_heads=40,
+        attention_head_dim=128,
+        in_channels=36,
+        out_channels=16,
+        text_dim=4096,
+        freq_dim=256,
+        ffn_dim=13824,
+        num_layers=40,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        eps=1e-6,
+        image_dim=1280,
+        added_kv_proj_dim=5120,
+    ),
 }
 _QUICK: dict[str, dict[str, Any]] = {
     "pixart": dict(_FULL["pixart"], num_attention_heads=2, attention_head_dim=16, num_layers=2, cross_attention_dim=32,
@@ -238,13 +286,19 @@ _QUICK: dict[str, dict[str, Any]] = {
     "hunyuanvideo": dict(_FULL["hunyuanvideo"], in_channels=4, out_channels=4, num_attention_heads=2,
                          attention_head_dim=16, num_layers=1, num_single_layers=2, num_refiner_layers=1,
                          text_embed_dim=32, pooled_projection_dim=8, rope_axes_dim=(4, 6, 6)),
+    "hunyuanvideo15": dict(_FULL["hunyuanvideo15"], in_channels=9, out_channels=4, num_attention_heads=2,
+                           attention_head_dim=16, num_layers=2, num_refiner_layers=1, text_embed_dim=32,
+                           text_embed_2_dim=8, image_embed_dim=12, rope_axes_dim=(4, 6, 6)),
+    "wan-i2v": dict(_FULL["wan-i2v"], num_attention_heads=2, attention_head_dim=12, in_channels=12, out_channels=4,
+                    text_dim=32, freq_dim=32, ffn_dim=32, num_layers=2, image_dim=16, added_kv_proj_dim=24),
 }  # fmt: skip
 
 #: Architecture name -> transformer config (the full-size one).
 TRANSFORMER_ARCHITECTURES = _FULL
 #: Text tokens of each family's pipeline: PixArt-α's T5 (120), SD3's CLIP + T5 (77 + 256), Flux's T5 (512),
 #: FLUX.2's Mistral and Chroma's T5 (padded to 512), Wan's UMT5 (512), HunyuanVideo's Llama (padded to 256),
-#: LTX-2's Gemma 3 (padded to 1,024, the padding replaced by its connectors' registers: all attended);
+#: LTX-2's Gemma 3 (padded to 1,024, the padding replaced by its connectors' registers: all attended),
+#: HunyuanVideo 1.5's Qwen2.5-VL (padded to 1,000; its ByT5 and image tokens: `HUNYUANVIDEO15_CONTEXT`);
 #: Qwen-Image and Z-Image do not pad their prompts: 128 stands for a long prompt.
 TEXT_TOKENS = {
     "pixart": 120,
@@ -258,22 +312,44 @@ TEXT_TOKENS = {
     "ltx": 128,
     "ltx2": 1024,
     "hunyuanvideo": 256,
+    "hunyuanvideo15": 1000,
+    "wan-i2v": 512,
 }
+#: HunyuanVideo 1.5's other context tokens, full size and `--quick`: ByT5's glyph text (the pipeline pads it to
+#: 256, all masked when the prompt quotes no text) and the image embedding (SigLIP's 729 tokens; zeros, all
+#: masked, in text-to-video). The model attends over all of them (masked), so they cost what they would.
+HUNYUANVIDEO15_CONTEXT = {"byt5": (256, 4), "image": (729, 3)}
+#: Wan2.1 I2V's image tokens, full size and `--quick`: CLIP ViT-H/14's 16 x 16 patches and its class token.
+WAN_I2V_IMAGE_TOKENS = (257, 5)
+#: Wan's I2V attention takes the last 512 context tokens as the text (diffusers hardcodes it): its text is
+#: always 512 tokens, `--quick` too.
+_WAN_I2V_TEXT_TOKENS = 512
 #: The config fields that set a model's depth (`layers` caps each).
 _DEPTH_FIELDS = ("num_layers", "num_single_layers", "n_layers", "n_refiner_layers")
 #: Video architectures: inputs are clips (`frames`, and `width` beside `resolution`, the height).
-VIDEO_ARCHITECTURES = ("wan", "ltx", "ltx2", "hunyuanvideo")
+VIDEO_ARCHITECTURES = ("wan", "wan-i2v", "ltx", "ltx2", "hunyuanvideo", "hunyuanvideo15")
 #: A video architecture's clip when none is given: height, width, pixel frames (Wan's 480p, 33 frames;
-#: LTX-Video's and LTX-2's 512 x 768, 121 frames; HunyuanVideo's 544 x 960, 33 frames).
+#: Wan I2V's 480p, 81 frames, `WanImageToVideoPipeline`'s defaults; LTX-Video's and LTX-2's 512 x 768, 121
+#: frames; HunyuanVideo's 544 x 960, 33 frames; HunyuanVideo 1.5's 480 x 848, 121 frames, its pipeline's
+#: defaults for the 480p models: 16:9 at `target_size` 640, rounded to its VAE's 16 pixels).
 VIDEO_DEFAULTS = {
     "wan": (480, 832, 33),
+    "wan-i2v": (480, 832, 81),
     "ltx": (512, 768, 121),
     "ltx2": (512, 768, 121),
     "hunyuanvideo": (544, 960, 33),
+    "hunyuanvideo15": (480, 848, 121),
 }
 #: The VAE's stride in time and space (Wan's and HunyuanVideo's: 4 frames, 8 pixels; LTX-Video's and LTX-2's:
-#: 8 frames, 32 pixels).
-VIDEO_STRIDES = {"wan": (4, 8), "ltx": (8, 32), "ltx2": (8, 32), "hunyuanvideo": (4, 8)}
+#: 8 frames, 32 pixels; HunyuanVideo 1.5's: 4 frames, 16 pixels).
+VIDEO_STRIDES = {
+    "wan": (4, 8),
+    "wan-i2v": (4, 8),
+    "ltx": (8, 32),
+    "ltx2": (8, 32),
+    "hunyuanvideo": (4, 8),
+    "hunyuanvideo15": (4, 16),
+}
 #: LTX-2's pipelines' frame rate when none is given (the audio's length follows the clip's duration).
 LTX2_FRAME_RATE = 24.0
 #: Text tokens for the `--quick` models.
@@ -292,6 +368,8 @@ _MODEL_CLASSES: dict[str, type] = {
     "ltx": LTXVideoTransformer3DModel,
     "ltx2": LTX2VideoTransformer3DModel,
     "hunyuanvideo": HunyuanVideoTransformer3DModel,
+    "hunyuanvideo15": HunyuanVideo15Transformer3DModel,
+    "wan-i2v": WanTransformer3DModel,
 }
 
 
@@ -378,11 +456,14 @@ def make_transformer_inputs(
     text_tokens: int | None = None,
     frames: int | None = None,
     width: int | None = None,
+    quick: bool = False,
 ) -> TransformerInputs:
     """Random fixed inputs for `model` at `resolution` pixels (latent side `resolution // 8`).
 
     `text_tokens` defaults to the family pipeline's prompt length (`TEXT_TOKENS`). A video architecture's
-    clip is `frames` pixel frames (`latent_frames` in the latent) of `resolution x width` pixels.
+    clip is `frames` pixel frames (`latent_frames` in the latent) of `resolution x width` pixels. `quick`: the
+    `--quick` model's short image and glyph contexts (`WAN_I2V_IMAGE_TOKENS`, `HUNYUANVIDEO15_CONTEXT`); Wan
+    I2V's text is 512 tokens whatever `text_tokens` says (its attention splits the context at 512 from the end).
 
     Example:
         >>> flux = build_transformer("flux", quick=True)
@@ -506,15 +587,38 @@ def make_transformer_inputs(
             "pooled_projections": randn(batch, config.pooled_projection_dim),
             "guidance": torch.full((batch,), 6000.0, device=device, dtype=dtype),  # the pipeline's 6.0 * 1000
         }
-    elif arch in VIDEO_ARCHITECTURES:
+    elif arch == "hunyuanvideo15":  # as its text-to-video pipeline calls it: Qwen's text, ByT5 and the image masked
         _, default_width, default_frames = VIDEO_DEFAULTS[arch]
         stride = VIDEO_STRIDES[arch][1]
         clip = (latent_frames(arch, frames or default_frames), resolution // stride, (width or default_width) // stride)
+        byt5, image = (HUNYUANVIDEO15_CONTEXT[name][1 if quick else 0] for name in ("byt5", "image"))
+        zeros = dict(device=device, dtype=dtype)
+        kwargs = {
+            "hidden_states": randn(batch, config.in_channels, *clip),
+            "timestep": torch.full((batch,), 500.0, device=device, dtype=dtype),
+            "encoder_hidden_states": randn(batch, text_len, config.text_embed_dim),
+            "encoder_attention_mask": torch.ones(batch, text_len, dtype=torch.long, device=device),
+            # a prompt without quoted text: the pipeline's zero ByT5 features, all masked
+            "encoder_hidden_states_2": torch.zeros(batch, byt5, config.text_embed_2_dim, **zeros),
+            "encoder_attention_mask_2": torch.zeros(batch, byt5, dtype=torch.long, device=device),
+            # text to video: zero image embeddings, which the model masks
+            "image_embeds": torch.zeros(batch, image, config.image_embed_dim, **zeros),
+        }
+    elif arch in VIDEO_ARCHITECTURES:  # Wan: a latent clip and the UMT5 text (I2V: CLIP's image tokens too)
+        _, default_width, default_frames = VIDEO_DEFAULTS[arch]
+        stride = VIDEO_STRIDES[arch][1]
+        clip = (latent_frames(arch, frames or default_frames), resolution // stride, (width or default_width) // stride)
+        image_dim = config.get("image_dim")  # set in the I2V models (a loaded one with `--model` too)
+        if image_dim is not None:
+            text_len = _WAN_I2V_TEXT_TOKENS
         kwargs = {
             "hidden_states": randn(batch, config.in_channels, *clip),
             "timestep": torch.full((batch,), 500, device=device),
             "encoder_hidden_states": randn(batch, text_len, config.text_dim),
         }
+        if image_dim is not None:
+            tokens = WAN_I2V_IMAGE_TOKENS[1 if quick else 0]
+            kwargs["encoder_hidden_states_image"] = randn(batch, tokens, image_dim)
     else:  # sd3
         kwargs = {
             "hidden_states": randn(batch, config.in_channels, side, side),

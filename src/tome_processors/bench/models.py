@@ -4,12 +4,13 @@
   SDPA processors (`AttnProcessor2_0`) in every attention module;
 - `--arch pixart|sd3|flux`: a diffusion transformer (`dit.py`), keeping its own processors;
 - `--arch svd`: Stable Video Diffusion's UNet (`svd.py`), `--frames` latent frames per clip;
-- `--arch wan`: a video diffusion transformer on a clip (`--frames`, `--width`; `--layers` shortens it);
+- `--arch wan|wan-i2v|ltx|ltx2|hunyuanvideo|hunyuanvideo15`: a video diffusion transformer on a clip (`--frames`,
+  `--width`; `--layers` shortens it; `wan-i2v` is Wan2.1's image-to-video model, with CLIP's image tokens);
 - `--arch qwenimage|flux2|chroma|zimage`: the newer image transformers (`dit.py`; `--layers` shortens them);
 - `--quick`: a tiny model of the same layout;
 - `--model`: a local folder or hub id (a UNet, or with `--pipeline` a whole pipeline);
 - `--pipeline` without `--model`: the architecture's whole pipeline around that model, every other
-  component with random weights too (`pipelines.py`; `video_pipelines.py` for wan and ltx;
+  component with random weights too (`pipelines.py`; `video_pipelines.py` for wan, wan-i2v and ltx;
   `image_pipelines.py` for qwenimage, flux2, chroma and zimage, whose weights are made on the device in the
   dtype, transformer included: FLUX.2's 32 B parameters would not fit the host in float32).
 
@@ -121,7 +122,7 @@ def build_model(
             `flux2`, `chroma`, `zimage`) or a video one (`dit.VIDEO_ARCHITECTURES`), random weights (default `sd15`).
         quick: a tiny model of the architecture's layout (128 px by default).
         pipeline: the whole pipeline (for full generations): with `model` loaded, else the architecture's
-            pipeline with random weights around the same denoiser (`pipelines.build_pipeline`; for wan and ltx
+            pipeline with random weights around the same denoiser (`pipelines.build_pipeline`; for wan, wan-i2v and ltx
             `video_pipelines.build_video_pipeline`, its clip in `call_kwargs`; for the newer image transformers
             `image_pipelines.build_image_pipeline`, every weight made on `device` in `dtype`).
         seed: seeds the random weights and inputs.
@@ -185,16 +186,18 @@ def build_model(
         net.set_attn_processor(AttnProcessor2_0())
     sample_size = getattr(net.config, "sample_size", None) or 128  # Flux has none: 1024 px
     sample_size = sample_size[0] if isinstance(sample_size, (list, tuple)) else sample_size
-    video = family is not None and family.name in VIDEO_ARCHITECTURES
+    # the inputs of the architecture asked for: a family holds several (Wan's text- and image-to-video)
+    inputs_arch = arch if model is None and arch in TRANSFORMER_ARCHITECTURES else family.name if family else None
+    video = inputs_arch in VIDEO_ARCHITECTURES
     if video and not quick:
-        resolution = resolution or VIDEO_DEFAULTS[family.name][0]
+        resolution = resolution or VIDEO_DEFAULTS[inputs_arch][0]
     resolution = resolution or (128 if quick else int(sample_size) * 8)
     if transformer:
         text_tokens = QUICK_TEXT_TOKENS if quick else None
         clip = {"frames": frames or (9 if quick else None), "width": width or (resolution if quick else None)}
         clip = clip if video else {}
         inputs: Any = make_transformer_inputs(
-            net, family.name, batch, resolution, seed, device, dtype, text_tokens=text_tokens, **clip
+            net, inputs_arch, batch, resolution, seed, device, dtype, text_tokens=text_tokens, quick=quick, **clip
         )
     elif family is not None and family.name == "svd":
         inputs = make_svd_inputs(net, batch, resolution, frames, seed=seed, device=device, dtype=dtype)

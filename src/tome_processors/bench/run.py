@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
+from PIL import Image
 
 from .attention_share import attention_share_metrics
 from .caches import cache_methods, cache_quality, cache_quality_table, opens_cache_context, supports_caches
@@ -45,7 +46,8 @@ class BenchRequest:
 
     Attributes:
         model: a local diffusers folder or a hub id; None for an architecture with random weights.
-        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3`, `flux` or `svd` (None: sd15 when no `model`).
+        arch: `sd15`, `sd2`, `sdxl`, `pixart`, `sd3`, `flux`, `svd`, a newer image transformer or a video one
+            (`dit.VIDEO_ARCHITECTURES`; None: sd15 when no `model`).
         quick: a tiny model of the architecture's layout.
         pipeline: time whole generations (`generate.time_generations`) instead of single forwards.
         resolution: image side in pixels (None: the model's own).
@@ -64,8 +66,9 @@ class BenchRequest:
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
         cache: with `pipeline`, one of diffusers' step caches (`caches.CACHES`), timed alone and with each preset.
         prompt, steps, guidance_scale: with `pipeline`, each generation's.
-        frames: a video architecture's clip: pixel frames (wan) or frames per clip (svd); None: the model's.
-        width: wan's clip width in pixels (`resolution` its height).
+        frames: a video architecture's clip: pixel frames (wan, wan-i2v, ...) or frames per clip (svd); None: the
+            model's.
+        width: a video transformer's clip width in pixels (`resolution` its height).
         layers: a diffusion-transformer `arch` (wan too) with at most that many blocks per block list (None: all).
         command: the command line, for the metadata.
     """
@@ -259,7 +262,7 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
         seconds=f"per {unit}: one generation end to end; per step: inside the denoiser, per denoiser call",
     )
     if bench.call_kwargs:  # what the random-weight pipeline's every call adds (Qwen-Image's guidance, a clip, ...)
-        meta["call_arguments"] = dict(bench.call_kwargs)
+        meta["call_arguments"] = {name: _shown(value) for name, value in bench.call_kwargs.items()}
     if "num_frames" in bench.call_kwargs:  # a random-weight video pipeline's clip
         clip = bench.call_kwargs
         meta.update(output="video", frames=clip["num_frames"], height=clip["height"], width=clip["width"])
@@ -278,6 +281,16 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
         print()
         print(cache_quality_table(cache_quality(request.cache, presets, references=references)))
     return 0
+
+
+def _shown(value: Any) -> Any:
+    """A call argument as the metadata shows it: an image (an image-to-video pipeline's first frame) by its size.
+
+    Example:
+        >>> _shown(Image.new("RGB", (832, 480))), _shown(81)
+        ('an RGB image of 832 x 480 px', 81)
+    """
+    return f"an {value.mode} image of {value.width} x {value.height} px" if isinstance(value, Image.Image) else value
 
 
 def _meta(

@@ -1,4 +1,4 @@
-"""Random-weight text-to-video pipelines for `tome-processors bench --pipeline --arch wan|ltx` without `--model`.
+"""Random-weight video pipelines for `tome-processors bench --pipeline --arch wan|wan-i2v|ltx` without `--model`.
 
 The video counterpart of `pipelines.py`: every component of the real pipeline, built offline around the
 bench's video transformer (`dit.py`), random weights, and a tokenizer over a character vocabulary written
@@ -7,6 +7,9 @@ to a temporary folder (prompts padded to the real lengths, as the pipelines do):
 - Wan2.1-T2V-1.3B (`WanPipeline`): the UMT5-XXL encoder (`UMT5EncoderModel`, 24 layers, width 4096, 512
   tokens); Wan2.1's VAE (`AutoencoderKLWan`, 16 latent channels, 4x in time, 8x in space);
   `UniPCMultistepScheduler` with flow sigmas, `flow_shift=3.0` (the published 480p setting);
+- Wan2.1-I2V-14B-480P (`WanImageToVideoPipeline`): the same, with CLIP ViT-H/14's vision tower and image
+  processor and a first frame (`image_to_video.py`); its prompts always 512 tokens (the transformer's
+  attention splits its context at 512 from the end), `--quick` too;
 - LTX-Video 0.9 (`LTXPipeline`): the T5 v1.1 XXL encoder (`T5EncoderModel`, 128 tokens); LTX-Video's VAE
   (`AutoencoderKLLTXVideo`, 128 latent channels, 8x in time, 32x in space); `FlowMatchEulerDiscreteScheduler`
   with the published dynamic shifting.
@@ -33,9 +36,18 @@ from typing import Any
 import diffusers
 import torch
 from diffusers import AutoencoderKLLTXVideo, AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
+from PIL import Image
 from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
 from .dit import QUICK_TEXT_TOKENS, VIDEO_DEFAULTS, VIDEO_STRIDES
+from .image_to_video import (
+    FIRST_FRAME_PHOTO,
+    clip_image_processor,
+    clip_vision_encoder,
+    first_frame,
+    image_tokens,
+    missing_requirements,
+)
 from .pipelines import SMALL_TEXT_LAYERS, T5_XXL, TEXT_ENCODER_SIZES, RandomPipeline, write_t5_tokenizer
 
 __all__ = ["CLIP_MULTIPLES", "VIDEO_PIPELINE_ARCHITECTURES", "build_video_pipeline", "clip_of"]
@@ -49,6 +61,7 @@ class _VideoPipeline:
     """What `build_video_pipeline` builds for one architecture."""
 
     pipeline: str  # the class, by its name in diffusers' lazy namespace (`pipelines.py` says why)
+    vae: str  # "wan" or "ltx"
     encoder: str  # "umt5" or "t5"
     encoder_label: str
     text_tokens: int  # the pipeline's `max_sequence_length` default
@@ -57,16 +70,24 @@ class _VideoPipeline:
     vae_label: str
 
 
+#: Wan2.1's scheduler, 480p (the I2V 480P model's too: Wan's own scripts shift 480p image-to-video by 3.0).
+_WAN_SCHEDULER = (
+    UniPCMultistepScheduler,
+    dict(num_train_timesteps=1000, prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0),
+    "flow sigmas, flow_shift 3.0 (Wan2.1's published 480p settings)",
+)
+#: Pipelines whose prompts keep their real length with `quick` (Wan I2V: its attention needs the 512 tokens).
+_FIXED_TEXT = ("wan-i2v",)
+
 _ARCHITECTURES: dict[str, _VideoPipeline] = {
     "wan": _VideoPipeline(
-        "WanPipeline", "umt5", "UMT5-XXL encoder", 512, 2,
-        (UniPCMultistepScheduler, dict(num_train_timesteps=1000, prediction_type="flow_prediction",
-                                       use_flow_sigmas=True, flow_shift=3.0),
-         "flow sigmas, flow_shift 3.0 (Wan2.1's published 480p settings)"),
-        "Wan2.1 VAE",
+        "WanPipeline", "wan", "umt5", "UMT5-XXL encoder", 512, 2, _WAN_SCHEDULER, "Wan2.1 VAE",
+    ),
+    "wan-i2v": _VideoPipeline(
+        "WanImageToVideoPipeline", "wan", "umt5", "UMT5-XXL encoder", 512, 2, _WAN_SCHEDULER, "Wan2.1 VAE",
     ),
     "ltx": _VideoPipeline(
-        "LTXPipeline", "t5", "T5 v1.1 XXL encoder", 128, 1,
+        "LTXPipeline", "ltx", "t5", "T5 v1.1 XXL encoder", 128, 1,
         (FlowMatchEulerDiscreteScheduler, dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True,
                                                base_shift=0.95, max_shift=2.05, base_image_seq_len=1024,
                                                max_image_seq_len=4096, shift_terminal=0.1),
@@ -107,10 +128,10 @@ def _text_encoder(kind: str, vocab_size: int, quick: bool, small: bool, width: i
     return model_class(config_class(**shape, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)).eval()
 
 
-def _vae(arch: str, quick: bool, latent_channels: int) -> torch.nn.Module:
-    """The architecture's VAE: the real one's shape (diffusers' defaults are Wan2.1's and LTX-Video 0.9's), or
-    a tiny one with the real strides and `latent_channels` (the `--quick` transformer's)."""
-    if arch == "wan":
+def _vae(kind: str, quick: bool, latent_channels: int) -> torch.nn.Module:
+    """The VAE (`kind` "wan" or "ltx"): the real one's shape (diffusers' defaults are Wan2.1's and LTX-Video
+    0.9's), or a tiny one with the real strides and `latent_channels` (the `--quick` transformer's)."""
+    if kind == "wan":
         if not quick:
             return AutoencoderKLWan().eval()
         # two temporal downsamplings (4x), three levels (8x)
@@ -139,7 +160,7 @@ def build_video_pipeline(
 
     Args:
         denoiser: the bench's transformer of that architecture (`--quick`: the tiny one); it is not copied.
-        arch: `wan` or `ltx`.
+        arch: `wan`, `wan-i2v` or `ltx`.
         quick: every other component tiny too.
         text_encoders: `"full"` (the real encoder's shape) or `"small"` (its width, `SMALL_TEXT_LAYERS`
             layers); ignored with `quick`.
@@ -173,7 +194,7 @@ def build_video_pipeline(
     with tempfile.TemporaryDirectory(prefix="tome-bench-tokenizers-") as folder:
         tokenizer = write_t5_tokenizer(Path(folder) / spec.encoder)
     torch.manual_seed(seed + 1)
-    text_width = config.text_dim if arch == "wan" else config.caption_channels
+    text_width = config.text_dim if spec.vae == "wan" else config.caption_channels
     encoder = _text_encoder(spec.encoder, len(tokenizer), quick, small, text_width)
     components.update(text_encoder=encoder, tokenizer=tokenizer)
     layers, model_width = encoder.config.num_layers, encoder.config.d_model
@@ -186,17 +207,38 @@ def build_video_pipeline(
     described["text_encoder"] = f"{type(encoder).__name__}, {shape}, random weights"
     described["tokenizer"] = f"{type(tokenizer).__name__}, a character vocabulary written locally"
     torch.manual_seed(seed + 10)
-    vae = components["vae"] = _vae(arch, quick, config.out_channels)
+    vae = components["vae"] = _vae(spec.vae, quick, config.out_channels)
     strides = f"{time_stride}x in time, {space_stride}x in space"
-    channels = vae.config.z_dim if arch == "wan" else vae.config.latent_channels
+    channels = vae.config.z_dim if spec.vae == "wan" else vae.config.latent_channels
     vae_shape = "tiny" if quick else f"{spec.vae_label} shape"
     described["vae"] = f"{type(vae).__name__}, {vae_shape} ({channels} latent channels, {strides})"
     scheduler_class, scheduler_config, settings = spec.scheduler
     with torch.device("cpu"):  # its tables live on the CPU whatever default device the caller set
         components["scheduler"] = scheduler_class(**scheduler_config)
     described["scheduler"] = f"{scheduler_class.__name__}, {settings}"
+    call_kwargs: dict[str, Any] = {"height": height, "width": width, "num_frames": frames}
+    if arch == "wan-i2v":
+        torch.manual_seed(seed + 20)
+        call_kwargs["image"] = _add_image_encoder(components, described, quick, small, config.image_dim, height, width)
     pipe = getattr(diffusers, spec.pipeline)(**components)
     pipe.set_progress_bar_config(disable=True)
-    call_kwargs: dict[str, Any] = {"height": height, "width": width, "num_frames": frames}
-    call_kwargs["max_sequence_length"] = QUICK_TEXT_TOKENS if quick else spec.text_tokens
+    call_kwargs["max_sequence_length"] = QUICK_TEXT_TOKENS if quick and arch not in _FIXED_TEXT else spec.text_tokens
     return RandomPipeline(pipe, described, call_kwargs)
+
+
+def _add_image_encoder(
+    components: dict[str, Any], described: dict[str, str], quick: bool, small: bool, width: int, height: int, side: int
+) -> Image.Image:
+    """Wan I2V's CLIP vision tower and image processor into `components` (and what they are into `described`);
+    returns the first frame every generation starts from (`height x side` pixels)."""
+    missing = missing_requirements()
+    if missing:
+        raise ValueError(f"Expected {' and '.join(missing)} for the wan-i2v pipeline: pip install {' '.join(missing)}.")
+    encoder = components["image_encoder"] = clip_vision_encoder(quick, small, width)
+    components["image_processor"] = clip_image_processor(quick)
+    layers, tokens = encoder.config.num_hidden_layers, image_tokens(encoder)
+    shape = "tiny" if quick else f"CLIP ViT-H/14's width, {layers} layers" if small else "CLIP ViT-H/14 shape"
+    described["image_encoder"] = f"{type(encoder).__name__}, {shape} ({tokens} image tokens), random weights"
+    side_px = encoder.config.image_size
+    described["image_processor"] = f"CLIPImageProcessor, {side_px} px; the first frame: the {FIRST_FRAME_PHOTO} photo"
+    return first_frame(height, side)

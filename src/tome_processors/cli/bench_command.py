@@ -14,12 +14,13 @@ Example:
     $ tome-processors bench --arch svd --frames 2             # Stable Video Diffusion's UNet, 2 frames
     $ tome-processors bench --model ./sd15 --pipeline --prompt "a red fox in the snow"
     $ tome-processors bench --pipeline --quick --arch flux --cache fbc --presets balanced  # a cache, ToMe, both
-    $ tome-processors bench --pipeline --quick --arch wan --steps 2   # whole videos: seconds per video (ltx too)
+    $ tome-processors bench --pipeline --quick --arch wan --steps 2   # whole videos: seconds per video (ltx, wan-i2v)
     $ tome-processors bench --pipeline --quick --arch qwenimage --steps 2   # flux2, chroma, zimage too
+    $ tome-processors bench --arch hunyuanvideo15 --layers 1 --frames 33   # also wan-i2v, ltx2, hunyuanvideo
 
 With `--pipeline` it times whole generations instead (text encoder, every denoising step, VAE decode) on the
 architecture's pipeline with random weights, or on `--model`'s: seconds per image (per video with `--arch
-wan` or `ltx`, whose clip `--resolution`, `--width` and `--frames` set) and per denoising step.
+wan`, `wan-i2v` or `ltx`, whose clip `--resolution`, `--width` and `--frames` set) and per denoising step.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ _COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no
 #: The newer image transformers (their random-weight pipelines: `bench.image_pipelines`).
 _NEW_TRANSFORMERS = IMAGE_PIPELINE_ARCHITECTURES
 #: Video transformers measured on single forwards only (no random-weight pipeline of theirs in bench/).
-_FORWARD_ONLY = ("ltx2", "hunyuanvideo")
+_FORWARD_ONLY = ("ltx2", "hunyuanvideo", "hunyuanvideo15")
 #: Random-weight pipelines whose scheduler stretches its sigmas to a terminal value (`shift_terminal`): one step
 #: makes its only sigma 0 / 0, a NaN image.
 _TERMINAL_SHIFT = ("qwenimage", "ltx")
@@ -78,19 +79,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a transformer --arch (wan too) at its real width with at most this many blocks per block list; "
         "ratios are per block",
     )
-    video = parser.add_argument_group("video models (--arch wan, ltx, ltx2, hunyuanvideo, svd)")
+    video = parser.add_argument_group(f"video models (--arch {', '.join(VIDEO_ARCHITECTURES)}, svd)")
     video.add_argument(
         "--frames",
         type=int,
         default=None,
-        help="wan, ltx, ltx2, hunyuanvideo: pixel frames of the clip (wan's default 33: 9 latent frames); "
+        help=f"{', '.join(VIDEO_ARCHITECTURES)}: pixel frames of the clip (wan's default 33: 9 latent frames); "
         "svd: frames per clip (default 14)",
     )
     video.add_argument(
         "--width",
         type=int,
         default=None,
-        help="wan, ltx, ltx2, hunyuanvideo: clip width in pixels; --resolution is its height",
+        help=f"{', '.join(VIDEO_ARCHITECTURES)}: clip width in pixels; --resolution is its height",
     )
     what.add_argument(
         "--batch", type=int, default=None, help="UNet batch size (default 2 = one image with CFG); not with --pipeline"
@@ -177,8 +178,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pipeline",
         action="store_true",
         help="time whole generations (text encoder, every step, VAE decode) instead of single forwards, on the "
-        "--arch pipeline with random weights (or --model's), and save a labelled image grid (wan, ltx: whole videos, "
-        "the grid of their first frames)",
+        "--arch pipeline with random weights (or --model's), and save a labelled image grid (wan, wan-i2v, ltx: "
+        "whole videos, the grid of their first frames)",
     )
     gen.add_argument(
         "--text-encoders",
@@ -240,8 +241,11 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
     if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS):
         fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
     if args.pipeline and args.arch in _FORWARD_ONLY:
-        archs = ", ".join(["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "wan", "ltx"])
-        fail(f"Expected --pipeline with {archs}, but got --arch {args.arch}.")
+        archs = ", ".join(["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "wan", "wan-i2v", "ltx"])
+        fail(
+            f"Expected --pipeline with {archs}, but got --arch {args.arch} (the bench builds no random-weight "
+            "pipeline for it: without --pipeline it times the transformer's forwards)."
+        )
     for name in ("batch", "warmup", "steps", "rounds", "frames", "layers"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             fail(f"Expected --{name} >= 1, but got {getattr(args, name)}.")
@@ -274,6 +278,11 @@ def _check_video(args: argparse.Namespace, fail: Any) -> None:
             )
     if args.width is not None and (args.width < 16 or args.width % 16):
         fail(f"Expected --width to be a multiple of 16, but got {args.width}.")
+    if args.arch == "hunyuanvideo15" and args.resolution is not None and args.resolution % 16:
+        fail(
+            f"Expected --resolution to be a multiple of 16 for --arch hunyuanvideo15 (its VAE's stride in space), "
+            f"but got {args.resolution}."
+        )
 
 
 def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
@@ -302,6 +311,15 @@ def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
     transformer = args.arch in ("pixart", "sd3", "flux", *_NEW_TRANSFORMERS)
     if transformer and args.resolution is not None and args.resolution % 16:
         fail(f"Expected --resolution to be a multiple of 16 for the {args.arch} pipeline, but got {args.resolution}.")
+    if args.arch == "wan-i2v" and args.model is None:
+        from ..bench.image_to_video import missing_requirements  # imports the pipeline: only when it is built
+
+        missing = missing_requirements()
+        if missing:
+            fail(
+                f"Expected {' and '.join(missing)} for the wan-i2v pipeline (WanImageToVideoPipeline cleans prompts "
+                f"with ftfy; the first frame is a scikit-image photo): pip install {' '.join(missing)}."
+            )
     if args.arch in CLIP_MULTIPLES:
         side = CLIP_MULTIPLES[args.arch]
         for name in ("resolution", "width"):
