@@ -633,6 +633,61 @@ def test_hunyuanvideo15_blocks_compile_in_one_graph_without_recompiling_across_s
         torch._dynamo.reset()
 
 
+#: Video families whose self-attention takes one rotary row per token (`rotary_attention`): the default, the
+#: balanced preset (`st=2` windows, window matching) and the fast one (`share_level`: one merge, and its gathered
+#: tables, for every block of a forward); LTX-2 (twice as slow to trace) with its balanced preset alone.
+VIDEO_BLOCK_COMPILES = [
+    *(
+        pytest.param(family, preset, id=f"{family}-{preset}")
+        for family in ("wan", "ltx")
+        for preset in ("default", "balanced", "fast")
+    ),
+    pytest.param("ltx2", "balanced", id="ltx2-balanced"),
+]
+
+
+@pytest.mark.parametrize(("family", "preset"), VIDEO_BLOCK_COMPILES)
+def test_video_blocks_compile_in_one_graph_without_recompiling_across_steps(family, preset, one_thread):
+    # Regional compilation of Wan, LTX-Video and LTX-2: each block compiled alone, with `fullgraph=True` (a graph
+    # break raises). Their rotary tables are gathered once per forward (and per shared merge) and found again by
+    # the identity of the `cos` / `sin` tensors, which dynamo guards on; a tuple's identity broke every block's
+    # graph. The default compiles each block with `block.compile`, the presets through diffusers'
+    # `compile_repeated_blocks` (the same call on every `_repeated_blocks` module): two graphs, the forward's
+    # first block (which draws every block's partitions) and one for the others.
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounter
+
+    build, make_inputs = FAMILIES[family]
+    model = build(3)
+    inputs = make_inputs(model)
+    plain = forward(model, dict(inputs))
+    tp.apply_tome(model, **({} if preset == "default" else {"preset": preset}))
+    timesteps = [999.0, 750.0, 500.0]
+    eager = []
+    for t in timesteps:
+        inputs["timestep"] = torch.full_like(inputs["timestep"], t)
+        eager.append(forward(model, dict(inputs)))
+    assert not torch.allclose(eager[-1], plain, atol=1e-5)  # ToMe merges in this forward
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    if preset == "default":
+        for block in getattr(model, context_of(model).family.block_list):
+            block.compile(fullgraph=True, backend=counter)
+    else:
+        model.compile_repeated_blocks(fullgraph=True, backend=counter)
+    try:
+        inputs["timestep"] = torch.full_like(inputs["timestep"], timesteps[0])
+        torch.testing.assert_close(forward(model, dict(inputs)), eager[0], rtol=1e-4, atol=1e-5)
+        assert counter.frame_count == 2
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for t, expected in zip([*timesteps, timesteps[-1]], [*eager, eager[-1]], strict=True):
+                inputs["timestep"] = torch.full_like(inputs["timestep"], t)  # a second call with one timestep too
+                torch.testing.assert_close(forward(model, dict(inputs)), expected, rtol=1e-4, atol=1e-5)
+        assert counter.frame_count == 2
+    finally:
+        torch._dynamo.reset()
+
+
 def main() -> None:
     """Print what one forward costs the host per family and option: `python tests/test_host_cost.py`."""
     torch.set_num_threads(1)

@@ -93,7 +93,8 @@ class ModelState:
     _plans: tuple = ()
     _stacks: tuple = ()
     _shared: tuple = ()
-    # The forward's rotary tables (Wan's `(cos, sin)`) and both as one `(N, 1, 2D)` table, for one gather per merge.
+    # The forward's rotary tables (Wan's `(cos, sin)`, as a tuple of those tensors: `rotary_attention`'s key) and
+    # both as one `(N, 1, 2D)` table, for one gather per merge.
     rotary_tables: tuple = ()
     # Per grid and device, built once (bounded): `GridLayout`s, the per-block hash values of the random
     # choice, and the fixed partitions.

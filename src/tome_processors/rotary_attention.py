@@ -68,7 +68,10 @@ def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None, he
 
     Both are gathered at once from one `(N, 1, 2D)` (or `(B, N, 2D)`) table, made once per forward and kept on
     `state` (the model's `ModelState`, whose forward passes the same tables to every block), and the result is
-    kept on the merge: a merge shared by several blocks (`share_level`) gathers once per forward.
+    kept on the merge: a merge shared by several blocks (`share_level`) gathers once per forward. Both are
+    keyed by the `cos` and `sin` tensors, not by the tuple that holds them: torch.compile tells tensors apart
+    by identity (a guard), but cannot compare tuples by identity, so a block compiled alone (regional
+    compilation) would break its graph at a tuple's `is`.
 
     Example:
         >>> from tome_processors.merge import bipartite_soft_matching_2d
@@ -78,9 +81,9 @@ def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None, he
         [-0.0, -2.0, -3.0]
     """
     kept = merge.rotary
-    if kept and kept[0] is rotary:
+    if kept and _same_tables(kept[0], rotary):
         return kept[1]
-    if state is not None and state.rotary_tables and state.rotary_tables[0] is rotary:
+    if state is not None and state.rotary_tables and _same_tables(state.rotary_tables[0], rotary):
         table = state.rotary_tables[1]
     else:
         cos, sin = rotary
@@ -91,12 +94,25 @@ def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None, he
             table = table[0]  # (N, 1, 2D)
         # else one (N, 2D) per sample
         if state is not None:
-            state.rotary_tables = (rotary, table)
+            state.rotary_tables = (tuple(rotary), table)
     if rotary[0].ndim == 3 or heads_first:  # one table per sample (LTX-Video, LTX-2): (B, N, ...) at (B, M) positions
         gathered = table[_sample_index(merge.batch, table.device), merge.row_token]
         gathered = gathered.transpose(1, 2) if heads_first else gathered  # (B, H, M, 2D)
     else:
         gathered = table[merge.row_token]  # (B, M, 1, 2D) in one gather
     tables = type(rotary)(gathered.chunk(2, dim=-1))
-    kept[:] = [rotary, tables]
+    kept[:] = [tuple(rotary), tables]
     return tables
+
+
+def _same_tables(key: tuple, rotary: tuple | list) -> bool:
+    """Whether `key` holds the very tensors of `rotary` (`(cos, sin)`), compared one by one.
+
+    Tensor identity is what torch.compile can trace (it guards on it); a tuple's is not (a graph break).
+
+    Example:
+        >>> cos, sin = torch.zeros(1), torch.ones(1)
+        >>> _same_tables((cos, sin), [cos, sin]), _same_tables((cos, sin), (cos, cos))
+        (True, False)
+    """
+    return key[0] is rotary[0] and key[1] is rotary[1]
