@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from diffusers import StableDiffusionPipeline
+from PIL import Image
 
 import test_wan_image_to_video as wan_i2v
 import tome_processors as tp
@@ -117,3 +118,19 @@ def test_readme_first_usage_on_the_other_families(name, tmp_path):
     assert np.array_equal(first, second) and applied
     np.testing.assert_allclose(first, expected, rtol=0, atol=1e-6)  # as apply_tome merges
     assert not tp.is_tome_applied(pipe) and np.array_equal(removed, plain)
+
+
+def test_flux2_with_a_reference_image_merges_nothing_and_says_so(tmp_path):
+    """FLUX.2 editing (`Flux2Pipeline(image=...)`) appends the reference image's tokens to the generated image's
+    (`img_ids` then form no one grid), as FLUX.1 Kontext does: ToMe leaves those calls unmerged and warns, as the
+    README and docs/transformers.md say."""
+    pipe, args = new_families.tiny_flux2_pipeline(tmp_path / "a")
+    args = {**args, "image": Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8))}
+    _, generate = _images(lambda _: (pipe, args))(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = generate(pipe)
+    pipe.transformer.set_attn_processor(ToMeProcessor(ratio=0.5))
+    with pytest.warns(UserWarning, match="ToMe merges nothing in this Flux2Transformer2DModel call"):
+        edited = generate(pipe)
+    assert np.array_equal(edited, plain)
