@@ -112,15 +112,22 @@ def tiny_flux2(num_layers: int = 1, num_single_layers: int = 2) -> Flux2Transfor
     ).eval()
 
 
-def flux2_inputs(batch: int = 2, h: int = 6, w: int = 8) -> dict:
+def flux2_inputs(batch: int = 2, h: int = 6, w: int = 8, reference: tuple[int, int] | None = None) -> dict:
+    """As `Flux2Pipeline` calls the model; with `reference`, a reference image's tokens after the generated
+    image's, at time coordinate 10 (the pipeline's first reference image)."""
     generator = torch.Generator().manual_seed(0)
     text_ids = torch.zeros(TEXT, 4)
     text_ids[:, 3] = torch.arange(TEXT)
+    image_ids = ids(h, w, 4)
+    if reference is not None:
+        reference_ids = ids(*reference, 4)
+        reference_ids[:, 0] = 10.0
+        image_ids = torch.cat([image_ids, reference_ids])
     return {
-        "hidden_states": torch.randn(batch, h * w, 8, generator=generator),
+        "hidden_states": torch.randn(batch, image_ids.shape[0], 8, generator=generator),
         "encoder_hidden_states": torch.randn(batch, TEXT, 16, generator=generator),
         "timestep": torch.full((batch,), 0.6),
-        "img_ids": ids(h, w, 4),
+        "img_ids": image_ids,
         "txt_ids": text_ids,
     }
 
@@ -198,6 +205,7 @@ CASES = {
     "qwenimage": Case(tiny_qwenimage, qwenimage_inputs, "qwenimage", 2),
     "qwenimage-edit": Case(tiny_qwenimage, lambda **k: qwenimage_inputs(reference=(4, 4), **k), "qwenimage", 2),
     "flux2": Case(tiny_flux2, flux2_inputs, "flux2", 3),
+    "flux2-edit": Case(tiny_flux2, lambda **k: flux2_inputs(reference=(4, 4), **k), "flux2", 3),
     "chroma": Case(tiny_chroma, chroma_inputs, "chroma", 3),
     "chroma-masked": Case(tiny_chroma, lambda **k: chroma_inputs(padded=3, **k), "chroma", 3),
     "zimage": Case(tiny_zimage, zimage_inputs, "zimage", 3),
@@ -296,7 +304,11 @@ def test_families_find_the_blocks_grid_and_timestep():
     sites = chroma.blocks(tiny_chroma())
     assert [s.span for s in sites] == [Span.WHOLE, Span.TRAILING, Span.TRAILING]
     assert chroma.token_grid(tiny_chroma(), (), chroma_inputs(h=5, w=9)) == (5, 9)
-    assert family_of(tiny_flux2()).token_grid(tiny_flux2(), (), flux2_inputs(h=3, w=4)) == (3, 4)
+    flux2 = family_of(tiny_flux2())
+    assert flux2.token_grid(tiny_flux2(), (), flux2_inputs(h=3, w=4)) == (3, 4)
+    edit = flux2_inputs(h=3, w=4, reference=(2, 5))  # the generated image's grid; the reference's 10 tokens trail
+    assert flux2.token_grid(tiny_flux2(), (), edit) == (3, 4) and flux2.trailing_tokens((), edit, (3, 4)) == 10
+    assert [s.span for s in flux2.blocks(tiny_flux2())] == [Span.LEADING, Span.TRAILING, Span.TRAILING]
     zimage = family_of(tiny_zimage())
     assert len(zimage.blocks(tiny_zimage())) == 3  # the noise refiner's and the main layers; not the caption's
     assert zimage.token_grid(None, (), zimage_inputs(h=5, w=7)) == (5, 7)
@@ -330,6 +342,43 @@ def test_qwenimage_edit_never_merges_the_reference_image():
         out = merge.unmerge(merge.merge(x))
         assert torch.equal(out[:, 48:], x[:, 48:])
         assert not torch.equal(out[:, :48], x[:, :48])
+
+
+def test_flux2_edit_never_merges_the_reference_image():
+    # FLUX.2's reference tokens follow the generated image's: in the double-stream blocks' image input and after
+    # text and image in the single-stream blocks'. They pass through as rows of their own in both.
+    from tome_processors import joint_attention
+
+    model, inputs = tiny_flux2(), flux2_inputs(reference=(4, 4))
+    tp.apply_tome(model, ratio=0.5)
+    seen = []
+    original = joint_attention._call
+
+    def recording(inner, attn, merged, args, kwargs, merge, spec, at):
+        seen.append((merged.shape[1], merge))
+        return original(inner, attn, merged, args, kwargs, merge, spec, at)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(joint_attention, "_call", recording)
+        run(model, inputs)
+    kept = 48 - int(48 * 0.5)
+    assert [rows for rows, _ in seen] == [kept + 16, TEXT + kept + 16, TEXT + kept + 16]  # 1 double, 2 single
+    for rows, merge in seen:
+        lead = rows - kept - 16  # the single-stream blocks' text
+        x = torch.randn(2, lead + 48 + 16, 5)
+        out = merge.unmerge(merge.merge(x))
+        assert torch.equal(out[:, lead + 48 :], x[:, lead + 48 :]) and torch.equal(out[:, :lead], x[:, :lead])
+        assert not torch.equal(out[:, lead : lead + 48], x[:, lead : lead + 48])
+
+
+def test_flux2_merges_nothing_where_reference_tokens_lead():
+    # Tokens at time coordinate 0 after a reference's are no leading grid: nothing is merged, and a warning says so.
+    model, inputs = tiny_flux2(), flux2_inputs(reference=(4, 4))
+    inputs["img_ids"] = inputs["img_ids"].roll(16, 0)
+    plain = run(model, inputs)
+    tp.apply_tome(model, ratio=0.5)
+    with pytest.warns(UserWarning, match="ToMe merges nothing in this Flux2Transformer2DModel call"):
+        assert torch.equal(run(model, inputs), plain)
 
 
 def test_a_text_mask_is_cut_to_the_merged_sequence():

@@ -66,6 +66,13 @@ def _unet_pipeline(make: Callable[[Path], Any]) -> Callable[[Path], tuple[Any, d
     return lambda tmp_path: (make(tmp_path), {"prompt": "a cat", "height": 32, "width": 32})
 
 
+def tiny_flux2_edit_pipeline(tmp_path: Path) -> tuple[Any, dict]:
+    """`tiny_flux2_pipeline` given a reference image (64 x 64 px, the pipeline's least: 32 x 32 tokens)."""
+    pipe, args = new_families.tiny_flux2_pipeline(tmp_path)
+    pixels = np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8)
+    return pipe, {**args, "image": Image.fromarray(pixels)}
+
+
 def tiny_sd2_pipeline(tmp_path: Path) -> StableDiffusionPipeline:
     """`tiny_sd_pipeline` with an SD2-shaped UNet (linear projections, heads per level)."""
     pipe = StableDiffusionPipeline(**{**tiny_sd_pipeline(tmp_path).components, "unet": tiny_unet("sd2")})
@@ -81,6 +88,7 @@ PIPELINES: dict[str, Build] = {
     "qwenimage": _new_family("qwenimage"),
     "qwenimage-edit": _images(new_families.tiny_qwenimage_edit_pipeline),
     "flux2": _images(new_families.tiny_flux2_pipeline),
+    "flux2-edit": _images(tiny_flux2_edit_pipeline),
     "wan2.1": lambda tmp_path: (video.tiny_wan_pipeline(tmp_path), video.generate),
     "wan2.2": lambda tmp_path: (video.tiny_wan_pipeline(tmp_path, two_experts=True), video.generate),
     "wan-i2v": lambda tmp_path: (wan_i2v.tiny_wan_i2v_pipeline(tmp_path), wan_i2v.generate),
@@ -118,19 +126,3 @@ def test_readme_first_usage_on_the_other_families(name, tmp_path):
     assert np.array_equal(first, second) and applied
     np.testing.assert_allclose(first, expected, rtol=0, atol=1e-6)  # as apply_tome merges
     assert not tp.is_tome_applied(pipe) and np.array_equal(removed, plain)
-
-
-def test_flux2_with_a_reference_image_merges_nothing_and_says_so(tmp_path):
-    """FLUX.2 editing (`Flux2Pipeline(image=...)`) appends the reference image's tokens to the generated image's
-    (`img_ids` then form no one grid), as FLUX.1 Kontext does: ToMe leaves those calls unmerged and warns, as the
-    README and docs/transformers.md say."""
-    pipe, args = new_families.tiny_flux2_pipeline(tmp_path / "a")
-    args = {**args, "image": Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8))}
-    _, generate = _images(lambda _: (pipe, args))(tmp_path)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plain = generate(pipe)
-    pipe.transformer.set_attn_processor(ToMeProcessor(ratio=0.5))
-    with pytest.warns(UserWarning, match="ToMe merges nothing in this Flux2Transformer2DModel call"):
-        edited = generate(pipe)
-    assert np.array_equal(edited, plain)
