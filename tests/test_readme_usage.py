@@ -1,6 +1,8 @@
 """The README's first usage, `pipe.<denoiser>.set_attn_processor(ToMeProcessor(ratio=0.5))`, on the pipelines of
 the families beyond SD, PixArt, SD3 and FLUX.1 (those: tests/test_generations.py): whole calls, twice, merging
-as `apply_tome(pipe)` does. Wan 2.2's pipeline gets it on `transformer` and `transformer_2`, as the README says.
+as `apply_tome(pipe)` does, and `remove_tome(pipe)` gives the plain output back. The usage is set on a new
+pipeline, before its first call. Wan 2.2's pipeline gets it on `transformer` and `transformer_2`, as the README
+says; FLUX.2 runs text to image and with a reference image (`flux2-edit`).
 
 LTX-Video, LTX-2 (2.0 and 2.3), HunyuanVideo and HunyuanVideo 1.5 run the same check on their tiny pipelines in
 their own files (`check_pipeline_usage(..., "set_attn_processor")` in tests/test_ltx.py, tests/test_ltx2.py and
