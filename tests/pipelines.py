@@ -245,17 +245,14 @@ TOME_USAGES = ("apply_tome", "enable_tome", "set_attn_processor")
 def check_pipeline_usage(
     build: Callable[[Path], Any], generate: Callable[[Any], Any], how: str, tmp_path: Path
 ) -> None:
-    """A whole pipeline with ToMe at 0.5 turned on `how` (`TOME_USAGES`), run as a user runs it: it merges (the
-    output moves), two calls with one seed agree bit for bit and match `apply_tome` on a twin pipeline, and
-    turning ToMe off gives the plain output back. `build(folder)` makes the pipeline, `generate(pipe)` one call.
+    """A whole pipeline with ToMe at 0.5 turned on `how` (`TOME_USAGES`) before its first call, run as a user runs
+    it: it merges (the output moves from a twin pipeline's plain output), two calls with one seed agree bit for
+    bit and match `apply_tome` on that twin, and turning ToMe off gives the plain output back. `build(folder)`
+    makes the pipeline, `generate(pipe)` one call.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pipe = build(tmp_path / "a")
-        plain = np.asarray(generate(pipe))
-        reference = build(tmp_path / "b")
-        tp.apply_tome(reference, ratio=0.5)
-        expected = np.asarray(generate(reference))
         if how == "apply_tome":
             tp.apply_tome(pipe, ratio=0.5)
         elif how == "enable_tome":
@@ -263,8 +260,13 @@ def check_pipeline_usage(
         else:  # the README's first usage
             pipe.transformer.set_attn_processor(ToMeProcessor(ratio=0.5))
         first, second = np.asarray(generate(pipe)), np.asarray(generate(pipe))
+        applied = tp.is_tome_applied(pipe)
+        reference = build(tmp_path / "b")
+        plain = np.asarray(generate(reference))
+        tp.apply_tome(reference, ratio=0.5)
+        expected = np.asarray(generate(reference))
     assert np.isfinite(first).all() and not np.allclose(first, plain, atol=1e-6)
-    assert np.array_equal(first, second)
+    assert np.array_equal(first, second) and applied
     np.testing.assert_allclose(first, expected, rtol=0, atol=1e-6)
     tp.remove_tome(pipe) if how != "enable_tome" else tp.disable_tome(pipe)
-    assert np.array_equal(np.asarray(generate(pipe)), plain)
+    assert not tp.is_tome_applied(pipe) and np.array_equal(np.asarray(generate(pipe)), plain)

@@ -12,24 +12,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 import torch
 from diffusers import (
     AutoencoderKL,
+    AutoencoderKLFlux2,
     AutoencoderKLQwenImage,
     ChromaPipeline,
     ChromaTransformer2DModel,
     FlowMatchEulerDiscreteScheduler,
+    Flux2Pipeline,
     Flux2Transformer2DModel,
+    QwenImageEditPipeline,
     QwenImagePipeline,
     QwenImageTransformer2DModel,
     ZImagePipeline,
     ZImageTransformer2DModel,
 )
+from PIL import Image
 from transformers import (
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2Tokenizer,
+    Qwen2VLProcessor,
     Qwen3Config,
     Qwen3Model,
     T5Config,
@@ -41,6 +49,13 @@ from tome_processors.bench.dit import build_transformer, make_transformer_inputs
 from tome_processors.bench.pipelines import write_t5_tokenizer
 from tome_processors.cli.main import main
 from tome_processors.families import Span, family_of
+
+try:  # transformers' PIL image processor: the default one needs torchvision, which the tests do without
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil as Qwen2VLImageProcessor,
+    )
+except ImportError:  # transformers before the torchvision/PIL split
+    from transformers import Qwen2VLImageProcessor
 
 TEXT = 7  # text tokens: not a multiple of anything, so an off-by-text error shows
 
@@ -97,15 +112,22 @@ def tiny_flux2(num_layers: int = 1, num_single_layers: int = 2) -> Flux2Transfor
     ).eval()
 
 
-def flux2_inputs(batch: int = 2, h: int = 6, w: int = 8) -> dict:
+def flux2_inputs(batch: int = 2, h: int = 6, w: int = 8, reference: tuple[int, int] | None = None) -> dict:
+    """As `Flux2Pipeline` calls the model; with `reference`, a reference image's tokens after the generated
+    image's, at time coordinate 10 (the pipeline's first reference image)."""
     generator = torch.Generator().manual_seed(0)
     text_ids = torch.zeros(TEXT, 4)
     text_ids[:, 3] = torch.arange(TEXT)
+    image_ids = ids(h, w, 4)
+    if reference is not None:
+        reference_ids = ids(*reference, 4)
+        reference_ids[:, 0] = 10.0
+        image_ids = torch.cat([image_ids, reference_ids])
     return {
-        "hidden_states": torch.randn(batch, h * w, 8, generator=generator),
+        "hidden_states": torch.randn(batch, image_ids.shape[0], 8, generator=generator),
         "encoder_hidden_states": torch.randn(batch, TEXT, 16, generator=generator),
         "timestep": torch.full((batch,), 0.6),
-        "img_ids": ids(h, w, 4),
+        "img_ids": image_ids,
         "txt_ids": text_ids,
     }
 
@@ -183,6 +205,7 @@ CASES = {
     "qwenimage": Case(tiny_qwenimage, qwenimage_inputs, "qwenimage", 2),
     "qwenimage-edit": Case(tiny_qwenimage, lambda **k: qwenimage_inputs(reference=(4, 4), **k), "qwenimage", 2),
     "flux2": Case(tiny_flux2, flux2_inputs, "flux2", 3),
+    "flux2-edit": Case(tiny_flux2, lambda **k: flux2_inputs(reference=(4, 4), **k), "flux2", 3),
     "chroma": Case(tiny_chroma, chroma_inputs, "chroma", 3),
     "chroma-masked": Case(tiny_chroma, lambda **k: chroma_inputs(padded=3, **k), "chroma", 3),
     "zimage": Case(tiny_zimage, zimage_inputs, "zimage", 3),
@@ -281,7 +304,11 @@ def test_families_find_the_blocks_grid_and_timestep():
     sites = chroma.blocks(tiny_chroma())
     assert [s.span for s in sites] == [Span.WHOLE, Span.TRAILING, Span.TRAILING]
     assert chroma.token_grid(tiny_chroma(), (), chroma_inputs(h=5, w=9)) == (5, 9)
-    assert family_of(tiny_flux2()).token_grid(tiny_flux2(), (), flux2_inputs(h=3, w=4)) == (3, 4)
+    flux2 = family_of(tiny_flux2())
+    assert flux2.token_grid(tiny_flux2(), (), flux2_inputs(h=3, w=4)) == (3, 4)
+    edit = flux2_inputs(h=3, w=4, reference=(2, 5))  # the generated image's grid; the reference's 10 tokens trail
+    assert flux2.token_grid(tiny_flux2(), (), edit) == (3, 4) and flux2.trailing_tokens((), edit, (3, 4)) == 10
+    assert [s.span for s in flux2.blocks(tiny_flux2())] == [Span.LEADING, Span.TRAILING, Span.TRAILING]
     zimage = family_of(tiny_zimage())
     assert len(zimage.blocks(tiny_zimage())) == 3  # the noise refiner's and the main layers; not the caption's
     assert zimage.token_grid(None, (), zimage_inputs(h=5, w=7)) == (5, 7)
@@ -315,6 +342,43 @@ def test_qwenimage_edit_never_merges_the_reference_image():
         out = merge.unmerge(merge.merge(x))
         assert torch.equal(out[:, 48:], x[:, 48:])
         assert not torch.equal(out[:, :48], x[:, :48])
+
+
+def test_flux2_edit_never_merges_the_reference_image():
+    # FLUX.2's reference tokens follow the generated image's: in the double-stream blocks' image input and after
+    # text and image in the single-stream blocks'. They pass through as rows of their own in both.
+    from tome_processors import joint_attention
+
+    model, inputs = tiny_flux2(), flux2_inputs(reference=(4, 4))
+    tp.apply_tome(model, ratio=0.5)
+    seen = []
+    original = joint_attention._call
+
+    def recording(inner, attn, merged, args, kwargs, merge, spec, at):
+        seen.append((merged.shape[1], merge))
+        return original(inner, attn, merged, args, kwargs, merge, spec, at)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(joint_attention, "_call", recording)
+        run(model, inputs)
+    kept = 48 - int(48 * 0.5)
+    assert [rows for rows, _ in seen] == [kept + 16, TEXT + kept + 16, TEXT + kept + 16]  # 1 double, 2 single
+    for rows, merge in seen:
+        lead = rows - kept - 16  # the single-stream blocks' text
+        x = torch.randn(2, lead + 48 + 16, 5)
+        out = merge.unmerge(merge.merge(x))
+        assert torch.equal(out[:, lead + 48 :], x[:, lead + 48 :]) and torch.equal(out[:, :lead], x[:, :lead])
+        assert not torch.equal(out[:, lead : lead + 48], x[:, lead : lead + 48])
+
+
+def test_flux2_merges_nothing_where_reference_tokens_lead():
+    # Tokens at time coordinate 0 after a reference's are no leading grid: nothing is merged, and a warning says so.
+    model, inputs = tiny_flux2(), flux2_inputs(reference=(4, 4))
+    inputs["img_ids"] = inputs["img_ids"].roll(16, 0)
+    plain = run(model, inputs)
+    tp.apply_tome(model, ratio=0.5)
+    with pytest.warns(UserWarning, match="ToMe merges nothing in this Flux2Transformer2DModel call"):
+        assert torch.equal(run(model, inputs), plain)
 
 
 def test_a_text_mask_is_cut_to_the_merged_sequence():
@@ -441,6 +505,109 @@ def tiny_qwenimage_pipeline(tmp_path: Path) -> tuple[QwenImagePipeline, dict]:
         "negative_prompt": "dark",
         "true_cfg_scale": 2.0,
         "max_sequence_length": 16,
+    }
+
+
+def tiny_flux2_pipeline(tmp_path: Path) -> tuple[Flux2Pipeline, dict]:
+    """FLUX.2 [dev]'s pipeline, random weights: Mistral 3 (one text layer; its hidden states are taken from
+    layer 1 instead of 10, 20 and 30), the one-level FLUX.2 VAE of diffusers' own tests (32 px: 16 x 16 tokens)
+    and guidance embedded. The tokenizer is `write_qwen_tokenizer`'s with a chat template over the messages'
+    text parts: the pipeline only calls its `apply_chat_template`, and the real component, a `PixtralProcessor`,
+    needs torchvision."""
+    tokenizer = write_qwen_tokenizer(tmp_path / "mistral")
+    tokenizer.chat_template = (
+        "{% for message in messages %}{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endfor %}"
+    )
+    last = len(tokenizer) - 1  # <|endoftext|>: begin, end and padding
+    text = dict(model_type="mistral", vocab_size=len(tokenizer), hidden_size=16, intermediate_size=37,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=4, num_hidden_layers=1,
+                max_position_embeddings=64, sliding_window=None, bos_token_id=last, eos_token_id=last,
+                pad_token_id=last)  # fmt: skip
+    vision = dict(model_type="pixtral", hidden_size=16, num_hidden_layers=1, num_attention_heads=4,
+                  intermediate_size=37, image_size=30, patch_size=6)  # fmt: skip
+    torch.manual_seed(0)
+    config = Mistral3Config(text_config=text, vision_config=vision, image_token_index=len(tokenizer))
+    text_encoder = Mistral3ForConditionalGeneration(config).eval()
+    torch.manual_seed(0)
+    vae = AutoencoderKLFlux2(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",), up_block_types=("UpDecoderBlock2D",),
+        block_out_channels=(4,), layers_per_block=1, latent_channels=1, norm_num_groups=1, use_quant_conv=False,
+        use_post_quant_conv=False,
+    ).eval()  # fmt: skip
+    torch.manual_seed(0)
+    transformer = Flux2Transformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=16, timestep_guidance_channels=32, axes_dims_rope=(4, 4, 4, 4),
+    ).eval()  # fmt: skip
+    pipe = Flux2Pipeline(FlowMatchEulerDiscreteScheduler(), vae, text_encoder, tokenizer, transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe, {
+        "prompt": "a cat",
+        "guidance_scale": 4.0,
+        "max_sequence_length": 16,
+        "text_encoder_out_layers": (1,),
+        "height": 32,
+        "width": 32,
+    }
+
+
+class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
+    """`Qwen2VLProcessor` without its video processor: the constructor checks every sub-processor's class, and the
+    video processors' needs torchvision. Images and text are processed as the real processor does."""
+
+    @classmethod
+    def get_attributes(cls) -> list[str]:
+        return ["image_processor", "tokenizer"]
+
+
+#: Qwen-Image-Edit's prompt template with a one-word system prompt (the real one is 64 tokens long).
+QWEN_EDIT_TEMPLATE = (
+    "<|im_start|>system\nEdit.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{}"
+    "<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+def tiny_qwenimage_edit_pipeline(tmp_path: Path) -> tuple[QwenImageEditPipeline, dict]:
+    """Qwen-Image-Edit, random weights: Qwen2.5-VL reading the prompt and the image to edit (its vision tower
+    sees the image at 56 x 56 px: 4 image tokens), the Qwen-Image VAE at 16x compression (the pipeline resizes
+    the image to about 1024 x 1024 px before encoding it: 32 x 32 reference tokens) and `tiny_qwenimage`.
+    Generations are 128 x 128 px (4 x 4 tokens) with true classifier-free guidance."""
+    tokenizer = write_qwen_tokenizer(tmp_path / "qwen")
+    vision_tokens = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": vision_tokens})
+    start, image, end, video = tokenizer.convert_tokens_to_ids(vision_tokens)
+    image_processor = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=56 * 56)
+    processor = ImageOnlyQwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    text = {"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
+    text |= {"num_key_value_heads": 2, "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default"}}
+    vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16}
+    torch.manual_seed(0)
+    config = Qwen2_5_VLConfig(
+        text_config=text, vision_config=vision, hidden_size=16, vocab_size=len(tokenizer),
+        vision_start_token_id=start, image_token_id=image, vision_end_token_id=end, video_token_id=video,
+    )  # fmt: skip
+    text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(
+        base_dim=2, z_dim=4, dim_mult=[1, 1, 1, 1, 1], num_res_blocks=0, temperal_downsample=[False, True, True, True],
+        latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+    ).eval()  # fmt: skip
+    pipe = QwenImageEditPipeline(
+        FlowMatchEulerDiscreteScheduler(), vae, text_encoder, tokenizer, processor, tiny_qwenimage()
+    )
+    pipe.set_progress_bar_config(disable=True)
+    pipe.prompt_template_encode = QWEN_EDIT_TEMPLATE
+    system = QWEN_EDIT_TEMPLATE.split("<|vision_start|>")[0]
+    pipe.prompt_template_encode_start_idx = len(tokenizer(system).input_ids)  # cropped as the pipeline crops its own
+    pixels = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    return pipe, {
+        "image": Image.fromarray(pixels),
+        "prompt": "make it red",
+        "negative_prompt": "dark",
+        "true_cfg_scale": 2.0,
+        "max_sequence_length": 16,
+        "height": 128,
+        "width": 128,
     }
 
 

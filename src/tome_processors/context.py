@@ -62,6 +62,8 @@ class ModelState:
             is a valid key), so a mask can be cut down to the merged sequence (Chroma, Z-Image).
         latent_hw: `(H, W)` of the model's token grid in the current (or last) forward.
         frames: frames of that grid (a video model's; 1 for an image).
+        tail: tokens after the grid's in the model's image-token input, never merged (`Family.trailing_tokens`:
+            FLUX.2's reference images); 0 elsewhere.
         timestep: the current forward's timestep as given (a tensor stays on its device).
         timestep_value: the timestep as a number, only for `ratio_start`: from the generation's
             `HostSchedule` where it has this forward's timestep, else read on the host.
@@ -81,6 +83,7 @@ class ModelState:
     masks_text_only: bool = False
     latent_hw: tuple[int, int] | None = None
     frames: int = 1
+    tail: int = 0
     timestep: object = None
     timestep_value: float | None = None
     step: int = 0
@@ -122,6 +125,7 @@ class ModelState:
         """Forget the current generation: the next forward is its first step."""
         self.latent_hw = None
         self.frames = 1
+        self.tail = 0
         self.timestep = None
         self.timestep_value = None
         self.step = 0
@@ -140,9 +144,10 @@ class ModelState:
         timestep_value: float | None = None,
         marker: torch.Tensor | None = None,
         frames: int = 1,
+        tail: int = 0,
     ) -> None:
         """Record the token grid (a UNet's latent, a transformer's patch grid; `frames` of it in a video) and
-        timestep of a forward.
+        timestep of a forward, and the `tail` of tokens after the grid's (`ModelState.tail`).
 
         Nothing is read back from the device: the random choice keys on the timestep tensor itself, and
         `ratio_start` takes `timestep_value` (the timestep as found in a `HostSchedule`), reading the
@@ -155,6 +160,7 @@ class ModelState:
             self.kept.clear()  # another image size: merges kept for reuse no longer fit
         self.latent_hw = latent_hw
         self.frames = frames
+        self.tail = tail
         self.timestep = timestep
         self._forget_plans()
         self._stacks = ()

@@ -140,7 +140,8 @@ class ModelHooks:
         frames = grid[0] if len(grid) == 3 else 1
         if not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames) and not is_compiling():
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
-        state.begin(grid[-2:], family.timestep(args, kwargs), value, marker, frames)
+        tail = family.trailing_tokens(args, kwargs, grid)
+        state.begin(grid[-2:], family.timestep(args, kwargs), value, marker, frames, tail)
 
     def _warn_if_too_small(self, model: torch.nn.Module, grid: tuple[int, int], frames: int) -> None:
         config = self.model_state.config
@@ -313,16 +314,18 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
 def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockSite | None = None) -> None:
     """Start a block's forward: its raw input (image tokens, before norm1) is tomesd's similarity metric.
 
-    Where the block's input holds other tokens too (`site.span`), the metric is the grid's tokens of it.
+    Where the block's input holds other tokens too (`site.span`), the metric is the grid's tokens of it (before
+    the model's tail, `ModelState.tail`, in a trailing span).
     """
     block_state.reset()
     hidden_states = argument(args, kwargs, 0, "hidden_states")
     if not isinstance(hidden_states, torch.Tensor):
         block_state.metric = None
         return
-    latent_hw = block_state.model.latent_hw
+    model = block_state.model
+    latent_hw = model.latent_hw
     if site is not None and latent_hw is not None:
-        hidden_states = site.metric(hidden_states, latent_hw[0] * latent_hw[1])
+        hidden_states = site.metric(hidden_states, latent_hw[0] * latent_hw[1], model.tail)
     block_state.metric = hidden_states
 
 

@@ -10,7 +10,8 @@ is returned as it is. The layouts (see `families.Layout`):
 - TEXT_FIRST: `processor(attn, cat(text, image), None, mask, rotary)` returning `cat(text, image)`.
   The merge covers the whole sequence, each text token a row of its own ahead of the image rows
   (`TokenMerge.text_rows`): the text goes through merge and unmerge unchanged, and nothing is sliced
-  off and put back.
+  off and put back. The model's tail (`ModelState.tail`: FLUX.2's reference images, after the generated
+  image's tokens) passes the same way, each token a row of its own after the image rows.
 
 Rotary embeddings (Flux) cover text then image positions. A merged row keeps the rotation of the token
 it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing was merged into it):
@@ -69,9 +70,14 @@ def run_with_text(
     if slot.layout is Layout.IMAGE_FIRST:  # the grid's tokens, then `extra` others
         merge = processor._merge_for(slot, hidden_states, args, kwargs, tail=extra, mask_fits=masked)
         lead = 0
-    else:  # TEXT_FIRST: `extra` text tokens, then the grid's
-        merge = processor._merge_for(slot, hidden_states, args, kwargs, extra, text_rows=True, mask_fits=masked)
-        lead = extra
+    else:  # TEXT_FIRST: text tokens, then the grid's, then the model's tail (FLUX.2's reference images)
+        tail = model.tail
+        lead = extra - tail
+        if lead < 0:
+            return inner(attn, hidden_states, *args, **kwargs)
+        merge = processor._merge_for(
+            slot, hidden_states, args, kwargs, lead, text_rows=True, tail=tail, mask_fits=masked
+        )
     if merge is None or not _rotary_fits(spec, at, args, kwargs, hidden_states.shape[1], merge.batch):
         return inner(attn, hidden_states, *args, **kwargs)
     args, kwargs = _merged_mask(args, kwargs, slot.mask_at, lead, extra - lead, merge)

@@ -46,7 +46,8 @@ class Span(enum.Enum):
     #: The grid's tokens come first; others follow (Qwen-Image-Edit's reference image, Z-Image's text).
     LEADING = "leading"
     #: Other tokens (the text) come first; the grid's tokens close the input (FLUX.2's and Chroma's
-    #: single-stream blocks, which get text and image already concatenated).
+    #: single-stream blocks, which get text and image already concatenated), or are followed by the
+    #: model's tail only (`ModelState.tail`: FLUX.2's reference images).
     TRAILING = "trailing"
 
 
@@ -103,19 +104,25 @@ class BlockSite:
     feed_forward: torch.nn.Module | None
     span: Span = Span.WHOLE
 
-    def metric(self, hidden_states: torch.Tensor, grid_tokens: int) -> torch.Tensor:
+    def metric(self, hidden_states: torch.Tensor, grid_tokens: int, tail: int = 0) -> torch.Tensor:
         """The grid's `grid_tokens` tokens of the block input `hidden_states` `(B, S, C)` (a view).
+
+        `tail`: tokens after the grid's in a `Span.TRAILING` input (`ModelState.tail`: FLUX.2's reference
+        images, which follow the text and the generated image's tokens).
 
         Example:
             >>> site = BlockSite(torch.nn.Identity(), (), None, Span.TRAILING)
             >>> site.metric(torch.arange(5.0).view(1, 5, 1), 3).flatten().tolist()
             [2.0, 3.0, 4.0]
+            >>> site.metric(torch.arange(5.0).view(1, 5, 1), 2, tail=1).flatten().tolist()
+            [2.0, 3.0]
         """
         if self.span is Span.WHOLE or hidden_states.ndim != 3 or hidden_states.shape[1] <= grid_tokens:
             return hidden_states
         if self.span is Span.LEADING:
             return hidden_states[:, :grid_tokens]
-        return hidden_states[:, hidden_states.shape[1] - grid_tokens :]
+        end = hidden_states.shape[1] - tail
+        return hidden_states[:, end - grid_tokens : end]
 
 
 @dataclass(frozen=True)
@@ -298,6 +305,11 @@ class Family:
         if not isinstance(x, torch.Tensor) or x.ndim != 4:
             return None
         return int(x.shape[-2]) // patch, int(x.shape[-1]) // patch
+
+    def trailing_tokens(self, args: tuple, kwargs: dict, grid: tuple[int, ...]) -> int:
+        """Tokens after the grid's in the model's image-token input (`ModelState.tail`): 0 but on families that
+        take reference images after the generated one's tokens and say so (`IdsGridFamily.reference_tail`)."""
+        return 0
 
     def generation_marker(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
         """A tensor of this forward whose storage is one for every forward of a generation and new in the next,

@@ -18,9 +18,11 @@ _STACKS = (
     Stack("transformer_blocks", Layout.JOINT, feed_forward="ff"),
     Stack("single_transformer_blocks", Layout.TEXT_FIRST, span=Span.TRAILING),
 )
-#: FLUX.2's single-stream attention calls its processor with `(mask, rotary)` after `hidden_states`.
+#: FLUX.2's single-stream attention calls its processor with `(mask, rotary)` after `hidden_states`. Its
+#: reference images' tokens follow the generated image's (the model's tail): after them in the double-stream
+#: blocks' input, after text and generated image in the single-stream blocks'.
 _FLUX2_STACKS = (
-    _STACKS[0],
+    Stack("transformer_blocks", Layout.JOINT, feed_forward="ff", span=Span.LEADING),
     Stack("single_transformer_blocks", Layout.TEXT_FIRST, span=Span.TRAILING, mask_at=0, rotary_at=1),
 )
 
@@ -41,7 +43,9 @@ class ChromaFamily(IdsGridFamily):
 class Flux2Family(IdsGridFamily):
     """`Flux2Transformer2DModel`: FLUX.1's layout; the single-stream attention holds the block's MLP too.
 
-    `img_ids` have four columns (time, row, column, layer); rows and columns are read as FLUX.1's.
+    `img_ids` have four columns (time, row, column, layer); rows and columns are read as FLUX.1's. Given
+    reference images (`Flux2Pipeline(image=...)`), the pipeline appends their tokens, at time coordinates of
+    their own, after the generated image's: only the generated image's are merged (`reference_tail`).
     """
 
     name = "flux2"
@@ -49,5 +53,6 @@ class Flux2Family(IdsGridFamily):
     stacks = _FLUX2_STACKS
     timestep_position = 2
     ids_position = 3
+    reference_tail = True
     defaults: dict[str, Any] = dict(FluxFamily.defaults)
     presets: dict[str, dict[str, Any]] = FluxFamily.presets

@@ -19,7 +19,10 @@ class IdsGridFamily(Family):
 
     `img_ids` number rows in column 1 and columns in column 2, row-major from 0, as the Flux pipelines build
     them. Inputs whose `img_ids` are not one such grid (e.g. Kontext's appended reference image) are not
-    merged. Subclasses declare `ids_position`, where `img_ids` sits in the model's forward.
+    merged, but on families with `reference_tail` (FLUX.2): there the generated image's tokens (time
+    coordinate 0, column 0) lead and form the grid, and the reference images' tokens after them (their own
+    time coordinates) are the model's tail (`trailing_tokens`), never merged. Subclasses declare
+    `ids_position`, where `img_ids` sits in the model's forward.
     """
 
     needs_row_token = True
@@ -27,6 +30,8 @@ class IdsGridFamily(Family):
     timestep_scale = 1000.0  # the Flux pipelines pass sigma (0..1) as the timestep
     merge_only = True
     ids_position = 4
+    #: Whether reference images' tokens may follow the grid's (their blocks' spans must then say where it is).
+    reference_tail = False
 
     def __init__(self) -> None:
         self._last: tuple[weakref.ref, object, int, tuple[int, int] | None] | None = None
@@ -61,6 +66,13 @@ class IdsGridFamily(Family):
             return hint
         return self.token_grid(model, args, kwargs)
 
+    def trailing_tokens(self, args: tuple, kwargs: dict, grid: tuple[int, ...]) -> int:
+        """The reference images' tokens after the grid's (`reference_tail` families), else 0."""
+        x = argument(args, kwargs, 0, "hidden_states")
+        if not self.reference_tail or not isinstance(x, torch.Tensor) or x.ndim != 3:
+            return 0
+        return max(int(x.shape[1]) - grid[-2] * grid[-1], 0)
+
     def grid_of_ids(self, ids: object) -> tuple[int, int] | None:
         """`(h, w)` where `ids` (a pipeline's `img_ids`, one row per image token) number one row-major grid."""
         if not isinstance(ids, torch.Tensor) or ids.ndim not in (2, 3) or ids.shape[-1] < 3:
@@ -79,6 +91,8 @@ class IdsGridFamily(Family):
         if ids.ndim == 3:
             ids = ids[0]
         grid = grid_from_ids(ids, num_tokens)
+        if grid is None and self.reference_tail:
+            grid = leading_grid_from_ids(ids, num_tokens)
         self._last = (weakref.ref(given), version, num_tokens, grid)
         if grid is None and not self._warned:
             self._warned = True
@@ -142,3 +156,25 @@ def grid_from_ids(ids: torch.Tensor, num_tokens: int) -> tuple[int, int] | None:
         return None
     expected = torch.arange(num_tokens, device=ids.device)
     return (h, w) if torch.equal(rows * w + cols, expected) else None
+
+
+def leading_grid_from_ids(ids: torch.Tensor, num_tokens: int) -> tuple[int, int] | None:
+    """`(h, w)` of the grid that the leading tokens at time coordinate 0 (`ids[:, 0]`) number, followed by
+    tokens at other time coordinates (FLUX.2's reference images); None where there is no such split.
+
+    Example:
+        >>> ids = torch.zeros(6 + 2, 4)
+        >>> ids[:6, 1], ids[:6, 2] = torch.arange(6) // 3, torch.arange(6) % 3
+        >>> ids[6:, 0] = 10.0  # a reference image's two tokens
+        >>> leading_grid_from_ids(ids, 8)
+        (2, 3)
+    """
+    if ids.ndim != 2 or ids.shape[0] != num_tokens or ids.shape[1] < 3 or num_tokens == 0:
+        return None
+    others = torch.nonzero(ids[:, 0] != 0)  # a host sync, once per img_ids tensor (the grid is kept)
+    if others.numel() == 0 or int(others[0, 0]) == 0:
+        return None
+    leading = int(others[0, 0])
+    if bool((ids[leading:, 0] == 0).any()):  # generated tokens after a reference's: not one leading grid
+        return None
+    return grid_from_ids(ids[:leading], leading)
