@@ -193,7 +193,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=sorted(CACHES),
         default=None,
         help="also time diffusers' step cache NAME alone and with each preset row (a denoiser with enable_cache "
-        "whose pipeline opens a cache context: flux, qwenimage, wan, ltx)",
+        "whose pipeline opens a cache context: flux, qwenimage, wan, wan-i2v, ltx); taylorseer-lite skips on a "
+        "fixed schedule, so it acts on random weights too",
     )
     gen.add_argument("--prompt", default=BenchRequest.prompt)
     gen.add_argument("--steps", type=int, default=BenchRequest.steps, help="denoising steps per generation")
