@@ -68,6 +68,19 @@ case $1 in
       esac
     done
     ;;
+  newvideo)  # HunyuanVideo 1.5 (its default 480p clip, 121 frames: 49,290 tokens) and Wan2.1 image-to-video 14B
+    # (81 frames, 32,760 tokens + 769 of text and image), 4 blocks of each at the real width
+    bench 200 hv15-121 --arch hunyuanvideo15 --layers 4 --batch 1 --dtype bfloat16 --rounds 3 --no-trained-quality
+    bench 200 wan-i2v-81 --arch wan-i2v --layers 4 --batch 1 --dtype bfloat16 --rounds 3 --no-trained-quality
+    ;;
+  jointvideo)  # HunyuanVideo (544x960, 33 frames) and LTX-2 (512x768, 121 frames: its video tokens), 4 blocks each
+    bench 200 hunyuanvideo-33 --arch hunyuanvideo --layers 4 --batch 1 --dtype bfloat16 --rounds 3 --no-trained-quality
+    bench 200 ltx2-121 --arch ltx2 --layers 4 --batch 1 --dtype bfloat16 --rounds 3 --no-trained-quality
+    ;;
+  cache)  # a step cache that acts on random weights (TaylorSeer lite: a fixed schedule) alone and with ToMe, per image
+    bench 300 qwenimage-pipe-taylorseer --pipeline --arch qwenimage --layers 8 --text-encoders small --resolution 1024 \
+      --dtype bfloat16 --steps 8 --rounds 2 --cache taylorseer-lite --presets balanced fast
+    ;;
   wan720)
     bench 330 wan720-81 --arch wan --resolution 720 --width 1280 --frames 81 --batch 1 --dtype bfloat16 --rounds 2 --no-trained-quality
     ;;
