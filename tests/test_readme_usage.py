@@ -23,17 +23,17 @@ import torch
 from diffusers import StableDiffusionPipeline
 from PIL import Image
 
-import test_wan_image_to_video as wan_i2v
 import tome_processors as tp
-from test_wan_image_to_video import ftfy_or_stand_in  # noqa: F401  (a fixture: the I2V pipeline's prompt cleaning)
 from tome_processors import ToMeProcessor
 
 import test_new_families as new_families
 import test_video as video
 import test_video_unet as video_unet
+import test_wan_image_to_video as wan_i2v
 from models import tiny_unet
 from pipelines import tiny_animatediff_pipeline, tiny_sd_pipeline, tiny_svd_pipeline
 from test_pipeline import sdxl_pipeline
+from test_wan_image_to_video import ftfy_or_stand_in  # noqa: F401  (a fixture: the I2V pipeline's prompt cleaning)
 
 pytestmark = pytest.mark.usefixtures("one_thread", "ftfy_or_stand_in")
 
