@@ -84,7 +84,9 @@ def test_each_pipeline_times_whole_images_for_the_baseline_and_the_presets(arch,
 
 def test_qwen_image_with_first_block_cache(tmp_path, monkeypatch):
     # The cache quality table runs whole samplings of the trained FLUX-shaped model: 2 steps here, not 20.
-    monkeypatch.setattr(bench_run, "cache_quality", lambda name, methods: cache_quality(name, methods, steps=2))
+    monkeypatch.setattr(
+        bench_run, "cache_quality", lambda name, methods, **options: cache_quality(name, methods, steps=2, **options)
+    )
     data = run_cli(tmp_path, "--arch", "qwenimage", "--cache", "fbc", "--presets", "balanced")
     rows = {row["name"]: row for row in data["rows"]}
     assert list(rows) == ["baseline", "ours balanced r=0.5", "FirstBlockCache", "FirstBlockCache + ours balanced r=0.5"]

@@ -17,14 +17,15 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import diffusers
 import torch
+import transformers
 from PIL import Image
-
-if TYPE_CHECKING:
-    from transformers import CLIPImageProcessor, CLIPVisionModel
+from transformers import CLIPVisionConfig, CLIPVisionModel
 
 from .photos import load_photo
 from .pipelines import SMALL_TEXT_LAYERS
@@ -60,8 +61,6 @@ def clip_vision_encoder(quick: bool, small: bool, width: int) -> CLIPVisionModel
     """CLIP ViT-H/14's vision tower, random weights: `quick` a tiny one `width` wide (the `--quick`
     transformer's `image_dim`), `small` the real width with `SMALL_TEXT_LAYERS` layers (`--text-encoders small`
     shortens every encoder), else the real shape (632 M parameters)."""
-    from transformers import CLIPVisionConfig, CLIPVisionModel  # here: only `--pipeline` needs it
-
     shape: dict[str, Any] = dict(CLIP_VIT_H)
     if quick:
         shape.update(hidden_size=width, intermediate_size=2 * width, num_hidden_layers=2, num_attention_heads=2,
@@ -76,14 +75,13 @@ def image_tokens(encoder: CLIPVisionModel) -> int:
     return (encoder.config.image_size // encoder.config.patch_size) ** 2 + 1
 
 
-def clip_image_processor(quick: bool) -> CLIPImageProcessor:
+def clip_image_processor(quick: bool) -> transformers.CLIPImageProcessor:
     """CLIP's image processor at the encoder's side: 224 px (CLIP's defaults), or the tiny tower's 32."""
-    from transformers import CLIPImageProcessor
-
     side = _TINY_SIDE if quick else CLIP_VIT_H["image_size"]
     with warnings.catch_warnings():  # without torchvision it falls back to the PIL processor, and says so
         warnings.simplefilter("ignore")
-        return CLIPImageProcessor(crop_size=side, size={"shortest_edge": side})
+        # looked up here: without torchvision, transformers warns as soon as the class is resolved
+        return transformers.CLIPImageProcessor(crop_size=side, size={"shortest_edge": side})
 
 
 def first_frame(height: int, width: int, photo: str = FIRST_FRAME_PHOTO) -> Image.Image:
@@ -115,9 +113,6 @@ def missing_requirements() -> list[str]:
         >>> set(missing_requirements()) <= {"ftfy", "scikit-image"}
         True
     """
-    import importlib.util
-
-    from diffusers.pipelines.wan import pipeline_wan_i2v
-
-    missing = [] if hasattr(pipeline_wan_i2v, "ftfy") else ["ftfy"]
+    cleaning = diffusers.pipelines.wan.pipeline_wan_i2v  # diffusers' lazy modules load it on first access
+    missing = [] if hasattr(cleaning, "ftfy") else ["ftfy"]
     return missing + ([] if importlib.util.find_spec("skimage") else ["scikit-image"])

@@ -36,6 +36,7 @@ import torch
 from ..bench.caches import CACHES
 from ..bench.dit import VIDEO_ARCHITECTURES, VIDEO_STRIDES
 from ..bench.image_pipelines import IMAGE_PIPELINE_ARCHITECTURES
+from ..bench.image_to_video import missing_requirements
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES
 from ..bench.pipelines import TEXT_ENCODER_SIZES
 from ..bench.run import BenchRequest, run_bench
@@ -313,8 +314,6 @@ def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
     if transformer and args.resolution is not None and args.resolution % 16:
         fail(f"Expected --resolution to be a multiple of 16 for the {args.arch} pipeline, but got {args.resolution}.")
     if args.arch == "wan-i2v" and args.model is None:
-        from ..bench.image_to_video import missing_requirements  # imports the pipeline: only when it is built
-
         missing = missing_requirements()
         if missing:
             fail(
