@@ -316,12 +316,10 @@ def test_families_find_the_blocks_grid_and_timestep():
     assert float(zimage.timestep((), zimage_inputs(batch=1))[0]) == pytest.approx(600.0)
 
 
-def test_qwenimage_edit_never_merges_the_reference_image():
-    # The reference image's tokens pass through as rows of their own: each comes out of merge and unmerge
-    # as it went in, whatever the generated image's tokens do.
+def _merges_of_a_forward(model: torch.nn.Module, inputs: dict) -> list:
+    """`(rows the attention saw, the merge)` of every merged joint attention call of one forward with ToMe 0.5."""
     from tome_processors import joint_attention
 
-    model, inputs = tiny_qwenimage(), qwenimage_inputs(reference=(4, 4))
     tp.apply_tome(model, ratio=0.5)
     seen = []
     original = joint_attention._call
@@ -333,6 +331,14 @@ def test_qwenimage_edit_never_merges_the_reference_image():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(joint_attention, "_call", recording)
         run(model, inputs)
+    return seen
+
+
+def test_qwenimage_edit_never_merges_the_reference_image():
+    # The reference image's tokens pass through as rows of their own: each comes out of merge and unmerge
+    # as it went in, whatever the generated image's tokens do.
+    model, inputs = tiny_qwenimage(), qwenimage_inputs(reference=(4, 4))
+    seen = _merges_of_a_forward(model, inputs)
     assert seen
     reference = inputs["hidden_states"][:, 48:]
     for rows, merge in seen:
@@ -347,20 +353,8 @@ def test_qwenimage_edit_never_merges_the_reference_image():
 def test_flux2_edit_never_merges_the_reference_image():
     # FLUX.2's reference tokens follow the generated image's: in the double-stream blocks' image input and after
     # text and image in the single-stream blocks'. They pass through as rows of their own in both.
-    from tome_processors import joint_attention
-
     model, inputs = tiny_flux2(), flux2_inputs(reference=(4, 4))
-    tp.apply_tome(model, ratio=0.5)
-    seen = []
-    original = joint_attention._call
-
-    def recording(inner, attn, merged, args, kwargs, merge, spec, at):
-        seen.append((merged.shape[1], merge))
-        return original(inner, attn, merged, args, kwargs, merge, spec, at)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(joint_attention, "_call", recording)
-        run(model, inputs)
+    seen = _merges_of_a_forward(model, inputs)
     kept = 48 - int(48 * 0.5)
     assert [rows for rows, _ in seen] == [kept + 16, TEXT + kept + 16, TEXT + kept + 16]  # 1 double, 2 single
     for rows, merge in seen:
