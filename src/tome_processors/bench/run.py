@@ -65,6 +65,7 @@ class BenchRequest:
         grid_path: with `pipeline`, where to save the image grid.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
         cache: with `pipeline`, one of diffusers' step caches (`caches.CACHES`), timed alone and with each preset.
+        decode: with `pipeline`, False stops every generation at its latents (no VAE decode, no image grid).
         prompt, steps, guidance_scale: with `pipeline`, each generation's.
         frames: a video architecture's clip: pixel frames (wan, wan-i2v, ...) or frames per clip (svd); None: the
             model's.
@@ -101,6 +102,7 @@ class BenchRequest:
     grid_path: str = "tome-bench-grid.png"
     text_encoders: str | None = None
     cache: str | None = None
+    decode: bool = True
     prompt: str = DEFAULT_PROMPT
     steps: int = 20
     guidance_scale: float = 7.5
@@ -247,6 +249,7 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
         request.seed,
         settings,
         bench.call_kwargs,
+        decode=request.decode,
     )
     meta = _meta(request, device, dtype, bench, started)
     video = bench.family is not None and bench.family.video
@@ -266,6 +269,8 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
     if "num_frames" in bench.call_kwargs:  # a random-weight video pipeline's clip
         clip = bench.call_kwargs
         meta.update(output="video", frames=clip["num_frames"], height=clip["height"], width=clip["width"])
+    if not request.decode:
+        meta.update(output="latents (no VAE decode: not in the time per image; image change of the latents)")
     print(generation_table(generations.rows, unit))
     print()
     print(meta_lines({key: value for key, value in meta.items() if key != "components"}))
@@ -273,8 +278,9 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
     print("\n".join(f"  - {name}: {what}" for name, what in bench.components.items()))
     if request.json_path:
         print(f"JSON: {save_generation_json(generations.rows, meta, request.json_path)}")
-    grid = save_generation_grid(generations, request.grid_path, unit)
-    print(f"grid: {grid}" + (" (the first frame of each video)" if video else ""))
+    if request.decode:  # latents make no picture
+        grid = save_generation_grid(generations, request.grid_path, unit)
+        print(f"grid: {grid}" + (" (the first frame of each video)" if video else ""))
     if request.cache is not None:
         presets = [m for m in methods if m.family in {f"ours {preset}" for preset in request.presets}]
         references = [m for m in methods if m.family == "ours"]  # `--ratios` rows: the bounds presets are held to

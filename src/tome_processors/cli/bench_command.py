@@ -197,6 +197,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "whose pipeline opens a cache context: flux, qwenimage, wan, wan-i2v, ltx); taylorseer-lite skips on a "
         "fixed schedule, so it acts on random weights too",
     )
+    gen.add_argument(
+        "--no-decode",
+        dest="decode",
+        action="store_false",
+        help="--pipeline only: stop every generation at its latents (no VAE decode in the time per image, no "
+        "grid; on a CPU a 1024 px decode can take far longer than a shortened denoiser)",
+    )
     gen.add_argument("--prompt", default=BenchRequest.prompt)
     gen.add_argument("--steps", type=int, default=BenchRequest.steps, help="denoising steps per generation")
     gen.add_argument("--guidance-scale", type=float, default=BenchRequest.guidance_scale)
@@ -294,6 +301,8 @@ def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
             fail("Expected --text-encoders only with --pipeline, but got it without.")
         if args.cache is not None:
             fail("Expected --cache only with --pipeline (caches act across denoising steps), but got it without.")
+        if not args.decode:
+            fail("Expected --no-decode only with --pipeline, but got it without.")
         return
     if args.compile is not None:
         fail("Expected --pipeline without --compile: the generations run eagerly, but got both.")
@@ -361,6 +370,7 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         plot_path=args.plot,
         grid_path=args.grid,
         text_encoders=args.text_encoders,
+        decode=args.decode,
         cache=args.cache,
         prompt=args.prompt,
         steps=args.steps,
