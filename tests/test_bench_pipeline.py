@@ -98,6 +98,18 @@ def test_ratios_and_modes_add_rows(tmp_path):
     assert [row["name"] for row in data["rows"]] == ["baseline", "ours r=0.5", "ours kv-avg"]
 
 
+def test_no_decode_times_generations_up_to_the_latents(tmp_path):
+    # The pipeline stops at its latents: no image grid, the meta says so, and the rows still compare methods.
+    path, grid = tmp_path / "n.json", tmp_path / "grid.png"
+    argv = [*FAST, "--presets", "fast", "--no-tomesd", "--no-decode", "--json", str(path), "--grid", str(grid)]
+    assert main(["bench", *argv]) == 0
+    data = json.loads(path.read_text())
+    assert not grid.exists() and data["meta"]["output"].startswith("latents (no VAE decode")
+    rows = {row["name"]: row for row in data["rows"]}
+    assert rows["baseline"]["image_change"] == 0 and rows[data["rows"][1]["name"]]["image_change"] > 0
+    assert all(row["seconds_per_image"] > 0 for row in data["rows"])
+
+
 def test_model_pipeline_of_a_transformer_runs_the_same_path(tmp_path):
     build_model(arch="pixart", quick=True, pipeline=True).pipe.save_pretrained(tmp_path / "pipe")
     path = tmp_path / "m.json"
@@ -119,6 +131,7 @@ def test_model_pipeline_of_a_transformer_runs_the_same_path(tmp_path):
         (["--text-encoders", "small"], "only with --pipeline"),
         (["--pipeline", "--quick", "--text-encoders", "small"], "not with --model or --quick"),
         (["--pipeline", "--arch", "sd3", "--resolution", "72"], "multiple of 16"),
+        (["--no-decode"], "--no-decode only with --pipeline"),
     ],
 )
 def test_bad_pipeline_options_exit_2(argv, message, capsys):
