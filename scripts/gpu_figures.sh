@@ -25,6 +25,15 @@ case $1 in
     done
     bench 70 flux2-1024 --arch flux2 --resolution 1024 --layers 2 --dtype bfloat16 --rounds 5
     ;;
+  newimages)  # the newer image transformers per forward at 1024 px with the current presets (window matching), the
+    # trained-model columns left out (they run on the host CPU)
+    for arch in qwenimage chroma zimage; do
+      bench 55 "$arch-1024-presets" --arch "$arch" --resolution 1024 --layers 4 --dtype bfloat16 --rounds 5 --no-tomesd \
+        --no-trained-quality
+    done
+    bench 60 flux2-1024-presets --arch flux2 --resolution 1024 --layers 2 --dtype bfloat16 --rounds 5 --no-tomesd \
+      --no-trained-quality
+    ;;
   images)
     bench 110 sd15-512 --arch sd15 --resolution 512 --rounds 10
     bench 110 sdxl-1024 --arch sdxl --resolution 1024 --rounds 5
