@@ -24,11 +24,13 @@ from diffusers.models.transformers.transformer_flux2 import (
 )
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0, apply_rotary_emb_qwen
 
 import tome_processors as tp
 from tome_processors.batched_rotary import SAMPLE_TABLE_PROCESSORS, SampleTables, sample_tables, takes_sample_tables
 
 from test_dit import flux_inputs, run, tiny_flux
+from test_new_families import qwenimage_inputs, tiny_qwenimage
 
 DIM, HEADS, HEAD_DIM, TEXT, ROWS, IP_DIM = 32, 2, 16, 5, 11, 24
 
@@ -37,6 +39,21 @@ def per_sample_tables(batch: int, rows: int, seed: int = 0) -> tuple[torch.Tenso
     """`(cos, sin)` of `(batch, rows, HEAD_DIM)`: a different rotation for every sample and row."""
     angle = torch.rand(batch, rows, HEAD_DIM // 2, generator=torch.Generator().manual_seed(seed)) * 6.3
     return angle.cos().repeat_interleave(2, -1), angle.sin().repeat_interleave(2, -1)
+
+
+def per_sample_complex(batch: int, rows: int, seed: int = 0) -> torch.Tensor:
+    """Qwen-Image's kind of table: `(batch, rows, HEAD_DIM // 2)` complex rotations, each sample's and row's own."""
+    angle = torch.rand(batch, rows, HEAD_DIM // 2, generator=torch.Generator().manual_seed(seed)) * 6.3
+    return torch.polar(torch.ones_like(angle), angle)
+
+
+def test_sample_tables_rotate_each_sample_as_its_own_complex_table_does():
+    table = per_sample_complex(3, ROWS)
+    x = torch.randn(3, ROWS, HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(1))
+    batched = apply_rotary_emb_qwen(x, SampleTables(table), use_real=False)
+    alone = [apply_rotary_emb_qwen(x[b : b + 1], table[b], use_real=False) for b in range(3)]
+    assert torch.equal(batched, torch.cat(alone))
+    assert not torch.equal(alone[0], apply_rotary_emb_qwen(x[:1], table[1], use_real=False))
 
 
 @pytest.mark.parametrize("sequence_dim", [1, 2])
@@ -54,6 +71,8 @@ def test_sample_tables_refuse_views_they_do_not_know_and_wrong_shapes():
     tables = SampleTables(torch.zeros(2, ROWS, HEAD_DIM))
     with pytest.raises(TypeError, match=r"Expected the view \[None, :, None, :\]"):
         tables[:3]
+    with pytest.raises(TypeError, match=r"Expected the view unsqueeze\(1\) .* but got unsqueeze\(0\)"):
+        tables.unsqueeze(0)
     with pytest.raises(ValueError, match=r"Expected a rotary table per sample of shape \(B, S, D\), but got \(5, 4\)"):
         SampleTables(torch.zeros(5, 4))
 
@@ -66,6 +85,11 @@ def test_sample_tables_gather_each_samples_rows():
     for b in range(2):
         assert torch.equal(got[0].table[b], cos[row_token[b]]) and torch.equal(got[1].table[b], sin[row_token[b]])
     assert isinstance(sample_tables([cos, sin], row_token), list)
+    # Qwen-Image's (image, text): the image's complex table follows the rows, the text's passes as it is.
+    image, text = torch.randn(9, HEAD_DIM // 2, dtype=torch.complex64), torch.randn(3, HEAD_DIM // 2)
+    got = sample_tables((image, text), row_token, follow=1)
+    assert isinstance(got[0], SampleTables) and got[1] is text
+    assert all(torch.equal(got[0].table[b], image[row_token[b]]) for b in range(2))
 
 
 def _flux_joint() -> tuple[torch.nn.Module, object, dict]:
@@ -100,6 +124,13 @@ def _hunyuanvideo(single: bool, processor: type = HunyuanVideoAttnProcessor2_0) 
     return attn, processor(), {"text": True, "image_only_rotary": True, **extra}
 
 
+def _qwenimage() -> tuple[torch.nn.Module, object, dict]:
+    """Qwen-Image's joint attention: its complex image table over the image alone, a text table of its own."""
+    attn = Attention(DIM, added_kv_proj_dim=DIM, dim_head=HEAD_DIM, heads=HEADS, out_dim=DIM, context_pre_only=False,
+                     bias=True, qk_norm="rms_norm", eps=1e-6)  # fmt: skip
+    return attn, QwenDoubleStreamAttnProcessor2_0(), {"text": True, "qwen": True}
+
+
 PROCESSORS = {
     "flux-joint": _flux_joint,
     "flux-single": _flux_single,
@@ -109,6 +140,7 @@ PROCESSORS = {
     "hunyuanvideo-double": lambda: _hunyuanvideo(single=False),
     "hunyuanvideo-single": lambda: _hunyuanvideo(single=True),
     "hunyuanvideo15": lambda: _hunyuanvideo(single=False, processor=HunyuanVideo15AttnProcessor2_0),
+    "qwenimage": _qwenimage,
 }
 
 
@@ -126,8 +158,13 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
     batch = 2
     image = torch.randn(batch, ROWS, DIM, generator=g)
     text = torch.randn(batch, TEXT, DIM, generator=g) if parts["text"] else None
-    rotated = ROWS + (TEXT if parts["text"] and not parts.get("image_only_rotary") else 0)
-    cos, sin = per_sample_tables(batch, rotated)
+    if parts.get("qwen"):  # (image, text): the image's table per sample, the text's one for the batch
+        table, text_table = per_sample_complex(batch, ROWS), per_sample_complex(1, TEXT, seed=3)[0]
+        batched_rotary, alone_rotary = (SampleTables(table), text_table), [(t, text_table) for t in table]
+    else:
+        rotated = ROWS + (TEXT if parts["text"] and not parts.get("image_only_rotary") else 0)
+        cos, sin = per_sample_tables(batch, rotated)
+        batched_rotary, alone_rotary = (SampleTables(cos), SampleTables(sin)), list(zip(cos, sin, strict=True))
     kwargs = {"ip_hidden_states": [torch.randn(batch, 4, IP_DIM, generator=g)]} if parts.get("ip") else {}
     mask = torch.arange(TEXT).expand(batch, TEXT) < TEXT - 1  # over the text alone, its last token padding
 
@@ -136,13 +173,15 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
         extra = {k: [pick(t) for t in v] for k, v in kwargs.items()}
         if parts.get("mask"):
             extra["attention_mask"] = pick(mask)
+        if parts.get("qwen"):
+            extra["encoder_hidden_states_mask"] = pick(mask)
         if parts["text"]:
             return processor(attn, pick(image), pick(text), image_rotary_emb=rotary, **extra)
         return processor(attn, pick(image), image_rotary_emb=rotary, **extra)
 
     with torch.no_grad():
-        batched = call(None, (SampleTables(cos), SampleTables(sin)))
-        alone = [call(slice(b, b + 1), (cos[b], sin[b])) for b in range(batch)]
+        batched = call(None, batched_rotary)
+        alone = [call(slice(b, b + 1), alone_rotary[b]) for b in range(batch)]
     batched = batched if isinstance(batched, tuple) else (batched,)
     alone = [out if isinstance(out, tuple) else (out,) for out in alone]
     assert len(batched) == len(alone[0]) == (3 if parts.get("ip") else 2 if parts["text"] else 1)
@@ -251,3 +290,34 @@ def test_flux_ip_adapter_batch_in_one_call_matches_one_sample_at_a_time(one_thre
     alone = run(model, inputs)
     torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(batched, without_ip, atol=1e-4)  # the image prompt reached the output
+
+
+class OwnQwen(QwenDoubleStreamAttnProcessor2_0):
+    """A subclass of Qwen-Image's processor: it runs one sample at a time."""
+
+
+@pytest.mark.parametrize("reference", [None, (4, 4)], ids=["qwenimage", "qwenimage-edit"])
+@pytest.mark.parametrize("options", OPTIONS)
+def test_qwenimage_batch_in_one_call_matches_one_sample_at_a_time(options, reference, one_thread):
+    model, inputs = tiny_qwenimage(3), qwenimage_inputs(batch=2, reference=reference)
+    calls = []
+    original = QwenDoubleStreamAttnProcessor2_0.__call__
+
+    def recording(self, attn, hidden_states, *args, **kwargs):
+        calls.append((hidden_states.shape[0], kwargs.get("image_rotary_emb")))
+        return original(self, attn, hidden_states, *args, **kwargs)
+
+    tp.apply_tome(model, **options)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(QwenDoubleStreamAttnProcessor2_0, "__call__", recording)
+        batched = run(model, inputs)
+    tp.remove_tome(model)
+    assert len(calls) == 3 and all(size == 2 for size, _ in calls)  # one call per block, the whole batch
+    assert all(isinstance(image, SampleTables) and type(text) is torch.Tensor for _, (image, text) in calls)
+
+    model.set_attn_processor(OwnQwen())
+    tp.apply_tome(model, **options)
+    alone = run(model, inputs)  # one sample at a time
+    torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-5)
+    tp.remove_tome(model)
+    assert not torch.allclose(run(model, inputs), alone, atol=1e-4)  # ToMe changed the output

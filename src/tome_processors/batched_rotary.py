@@ -6,7 +6,9 @@ token positions, and each sample needs its own rotary table. diffusers' `apply_r
 as Flux's processors call it) or `(1, 1, S, D)` (`sequence_dim=2`); a `(B, S, D)` table viewed that way
 would not broadcast. `SampleTables` holds `(B, S, D)` and answers those two views with `(B, S, 1, D)` and
 `(B, 1, S, D)`: the rotation multiplies each sample's queries and keys by its own rows, element by element
-the same products as a call per sample, in one call for the batch.
+the same products as a call per sample, in one call for the batch. Qwen-Image's `apply_rotary_emb_qwen` takes
+its complex `(S, D)` image table as `table.unsqueeze(1)`, `(S, 1, D)` against queries `(B, S, H, D)`;
+`SampleTables` answers that with `(B, S, 1, D)`.
 
 Only processors whose code is known to use the table through those views get one (`takes_sample_tables`);
 any other processor is run one sample at a time with a plain table (`joint_attention`), so a processor
@@ -22,11 +24,13 @@ from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, Fl
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
 __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
-#: (FLUX.1 and Chroma, FLUX.2, HunyuanVideo and 1.5). Exact types: a subclass may read the table some other way.
+#: (FLUX.1 and Chroma, FLUX.2, HunyuanVideo and 1.5) or `apply_rotary_emb_qwen(x, table, use_real=False)`
+#: (Qwen-Image). Exact types: a subclass may read the table some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
         FluxAttnProcessor,
@@ -35,6 +39,7 @@ SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
         Flux2ParallelSelfAttnProcessor,
         HunyuanVideoAttnProcessor2_0,
         HunyuanVideo15AttnProcessor2_0,
+        QwenDoubleStreamAttnProcessor2_0,
     }
 )
 
@@ -50,6 +55,8 @@ class SampleTables:
         >>> tables = SampleTables(torch.zeros(2, 5, 4))
         >>> tuple(tables[None, :, None, :].shape), tuple(tables[None, None, :, :].shape)
         ((2, 5, 1, 4), (2, 1, 5, 4))
+        >>> tuple(tables.unsqueeze(1).shape)
+        (2, 5, 1, 4)
     """
 
     __slots__ = ("table",)
@@ -69,6 +76,15 @@ class SampleTables:
             f"rotary table, but got [{key}]."
         )
 
+    def unsqueeze(self, dim: int) -> torch.Tensor:
+        """Qwen-Image's view, `(S, D) -> (S, 1, D)`: `(B, S, 1, D)`, each sample's rows against its queries."""
+        if dim != 1:
+            raise TypeError(
+                f"Expected the view unsqueeze(1) that diffusers' apply_rotary_emb_qwen takes of a rotary table, but "
+                f"got unsqueeze({dim})."
+            )
+        return self.table.unsqueeze(2)
+
 
 def takes_sample_tables(processor: Any) -> bool:
     """Whether `processor` may be given `SampleTables` for its rotary embeddings (see module doc).
@@ -80,8 +96,11 @@ def takes_sample_tables(processor: Any) -> bool:
     return type(processor) in SAMPLE_TABLE_PROCESSORS
 
 
-def sample_tables(rotary: Any, row_token: torch.Tensor) -> Any:
+def sample_tables(rotary: Any, row_token: torch.Tensor, follow: int | None = None) -> Any:
     """`rotary` (a table `(S, D)` or a tuple/list of them) at `row_token` `(B, R)`: `SampleTables` of `(B, R, D)`.
+
+    `follow`: how many of the tables, from the first, cover the merged tokens (all by default); the others
+    (Qwen-Image's text table) are passed on as they are.
 
     Example:
         >>> cos, sin = torch.arange(6.0).view(3, 2), -torch.arange(6.0).view(3, 2)
@@ -89,9 +108,11 @@ def sample_tables(rotary: Any, row_token: torch.Tensor) -> Any:
         >>> per_sample[0].table[1].tolist()
         [[2.0, 3.0], [0.0, 1.0]]
     """
-    row_token = row_token.to(_tables(rotary)[0].device)
-    # One row lookup per table (`embedding`: one kernel) for the whole batch.
-    tables = [SampleTables(torch.nn.functional.embedding(row_token, t)) for t in _tables(rotary)]
+    every = _tables(rotary)
+    follow = len(every) if follow is None else follow
+    row_token = row_token.to(every[0].device)
+    # One row lookup per table (`embedding`: one kernel, complex tables too) for the whole batch.
+    tables = [SampleTables(torch.nn.functional.embedding(row_token, t)) for t in every[:follow]] + every[follow:]
     return type(rotary)(tables) if isinstance(rotary, (tuple, list)) else tables[0]
 
 

@@ -17,10 +17,10 @@ Rotary embeddings (Flux) cover text then image positions. A merged row keeps the
 it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing was merged into it):
 a rotation is exact only at a real position, and averaging cosines and sines of several positions
 gives no rotation at all. The merge is per sample, so the rows of two samples sit at different
-positions. Where the inner processor is known to take a table per sample (diffusers' Flux and FLUX.2
-processors), the whole batch goes in one call with `batched_rotary.SampleTables`; batched tables
-(`Rotary.batched`, Z-Image) are gathered for the whole batch; any other processor is run one sample at a
-time with plain `(S, D)` tables.
+positions. Where the inner processor is known to take a table per sample (diffusers' Flux, FLUX.2,
+HunyuanVideo and Qwen-Image processors), the whole batch goes in one call with `batched_rotary.SampleTables`;
+batched tables (`Rotary.batched`, Z-Image) are gathered for the whole batch; any other processor is run one
+sample at a time with plain `(S, D)` tables.
 """
 
 from __future__ import annotations
@@ -186,11 +186,13 @@ def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge) -> list[Any]:
     return per_call
 
 
-def _batched_rotary(rotary: Any, merge: TokenMerge) -> Any:
-    """The rotary tables at `merge.row_token` for the whole batch at once (`batched_rotary.SampleTables`)."""
+def _batched_rotary(spec: Rotary, rotary: Any, merge: TokenMerge) -> Any:
+    """The rotary tables at `merge.row_token` for the whole batch at once (`batched_rotary.SampleTables`); a
+    text table (`Rotary.text_table`) as it is."""
     kept = _kept_rotary(rotary, merge)
     if kept[2] is None:
-        kept[2] = sample_tables(rotary, merge.row_token)
+        follow = len(_gathered(spec, _rotary_tables(rotary)))
+        kept[2] = sample_tables(rotary, merge.row_token, follow)
     return kept[2]
 
 
@@ -223,9 +225,9 @@ def _call(
     rotary = argument(args, kwargs, *where)
     if rotary is None:
         return inner(attn, merged, *args, **kwargs)
-    # FLUX-style tables (every one follows the rows), to a processor known to take a table per sample: one call.
-    if (spec.covers_text or not spec.text_table) and not spec.batched and takes_sample_tables(inner):
-        args, kwargs = replace_argument(args, kwargs, *where, _batched_rotary(rotary, merge))
+    # A processor known to take a table per sample: the whole batch in one call.
+    if not spec.batched and takes_sample_tables(inner):
+        args, kwargs = replace_argument(args, kwargs, *where, _batched_rotary(spec, rotary, merge))
         return inner(attn, merged, *args, **kwargs)
     per_call = _merged_rotary(spec, rotary, merge)
     batch = merge.batch
