@@ -212,22 +212,32 @@ OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("options", OPTIONS)
-@pytest.mark.parametrize("batch", [1, 2, 3])
-def test_flux_batch_in_one_call_matches_one_sample_at_a_time(batch, options, one_thread):
-    model, inputs = tiny_flux(2, 2), flux_inputs(batch=batch)
+def run_recording(
+    model: torch.nn.Module, inputs: dict, processor_class: type, rotary_position: int, options: dict
+) -> tuple[torch.Tensor, list[tuple[int, object]]]:
+    """`model`'s output with ToMe at `options` (removed after) and, for each call of `processor_class`, its batch
+    size and the rotary tables it got (`image_rotary_emb`, or the argument at `rotary_position`)."""
     calls = []
-    original = FluxAttnProcessor.__call__
+    original = processor_class.__call__
 
     def recording(self, attn, hidden_states, *args, **kwargs):
-        calls.append((hidden_states.shape[0], args[2] if len(args) > 2 else kwargs.get("image_rotary_emb")))
+        rotary = args[rotary_position] if len(args) > rotary_position else kwargs.get("image_rotary_emb")
+        calls.append((hidden_states.shape[0], rotary))
         return original(self, attn, hidden_states, *args, **kwargs)
 
     tp.apply_tome(model, **options)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(FluxAttnProcessor, "__call__", recording)
-        batched = run(model, inputs)
+        patch.setattr(processor_class, "__call__", recording)
+        out = run(model, inputs)
     tp.remove_tome(model)
+    return out, calls
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_flux_batch_in_one_call_matches_one_sample_at_a_time(batch, options, one_thread):
+    model, inputs = tiny_flux(2, 2), flux_inputs(batch=batch)
+    batched, calls = run_recording(model, inputs, FluxAttnProcessor, 2, options)
     assert len(calls) == 4 and all(size == batch for size, _ in calls)  # one call per block, the whole batch
     assert all(isinstance(table, SampleTables) for _, rotary in calls for table in rotary)
 
@@ -300,18 +310,7 @@ class OwnQwen(QwenDoubleStreamAttnProcessor2_0):
 @pytest.mark.parametrize("options", OPTIONS)
 def test_qwenimage_batch_in_one_call_matches_one_sample_at_a_time(options, reference, one_thread):
     model, inputs = tiny_qwenimage(3), qwenimage_inputs(batch=2, reference=reference)
-    calls = []
-    original = QwenDoubleStreamAttnProcessor2_0.__call__
-
-    def recording(self, attn, hidden_states, *args, **kwargs):
-        calls.append((hidden_states.shape[0], kwargs.get("image_rotary_emb")))
-        return original(self, attn, hidden_states, *args, **kwargs)
-
-    tp.apply_tome(model, **options)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(QwenDoubleStreamAttnProcessor2_0, "__call__", recording)
-        batched = run(model, inputs)
-    tp.remove_tome(model)
+    batched, calls = run_recording(model, inputs, QwenDoubleStreamAttnProcessor2_0, 3, options)
     assert len(calls) == 3 and all(size == 2 for size, _ in calls)  # one call per block, the whole batch
     assert all(isinstance(image, SampleTables) and type(text) is torch.Tensor for _, (image, text) in calls)
 
