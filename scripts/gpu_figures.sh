@@ -11,11 +11,13 @@ out=${OUT:-/tmp/gpu-figures}; mkdir -p "$out/json"
 log="$out/bench-$1.log"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$log"
 git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$log"
-bench() {  # bench SECONDS NAME ARGS...
+bench() {  # bench SECONDS NAME ARGS...: single forwards also write each method's top ops (`--profile`)
   local limit=$1 name=$2; shift 2
+  local profile=(--profile "$out/json/$name-profile.md")
+  [[ " $* " == *" --pipeline "* ]] && profile=()
   echo "### $name: tome-processors bench --device cuda $*" | tee -a "$log"
-  timeout -k 5 "$limit" python3 -m tome_processors bench --device cuda --no-progress --json "$out/json/$name.json" "$@" 2>&1 \
-    | grep -v Warning | tee -a "$log"
+  timeout -k 5 "$limit" python3 -m tome_processors bench --device cuda --no-progress --json "$out/json/$name.json" \
+    "${profile[@]}" "$@" 2>&1 | grep -v Warning | tee -a "$log"
 }
 case $1 in
   video)

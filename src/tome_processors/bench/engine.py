@@ -61,6 +61,7 @@ from ..context import BlockState, ModelState
 from ..families import find_family
 from .hostcost import HostCost, measure_host_cost
 from .meta import timed
+from .profiling import ForwardProfile, profile_forward
 
 __all__ = [
     "BenchSettings",
@@ -185,6 +186,7 @@ class Row:
             None and empty without one.
         extra: further metrics from `extra_metrics(method)` (empty unless given).
         settings: from the `Method`.
+        profile: with `BenchSettings.profile`, one forward's time by op; else None.
     """
 
     name: str
@@ -214,6 +216,7 @@ class Row:
     speedup_max: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    profile: ForwardProfile | None = None
 
 
 @dataclass
@@ -225,6 +228,7 @@ class BenchSettings:
         warmup: untimed forwards per method before the rounds (at least 1: fidelity comes from it).
         measure_memory: measure peak memory in the inspection forward.
         host_cost: count the host cost (aten ops, syncs, CUDA kernels) in the inspection forward.
+        profile: time one more forward per method op by op (`profiling.profile_forward`, `Row.profile`).
         memory_interval: seconds between resident-set samples on CPU.
         progress: show a tqdm progress bar (with the time left).
         baseline_every: in each timed round, run the baseline again after every this many methods
@@ -241,6 +245,7 @@ class BenchSettings:
     warmup: int = 1
     measure_memory: bool = True
     host_cost: bool = True
+    profile: bool = False
     memory_interval: float = 0.001
     progress: bool = True
     baseline_every: int = 3
@@ -605,6 +610,7 @@ class _Measured:
     compiles: list[int | None]
     memory: list[tuple[float | None, float | None]]
     host: list[HostCost | None]
+    profiles: list[ForwardProfile | None]
 
 
 def _measure(
@@ -631,6 +637,7 @@ def _measure(
         compiles=[0 if compiled else None] * n,
         memory=[(None, None)] * n,
         host=[None] * n,
+        profiles=[None] * n,
     )
 
     def record_error(i: int, out: torch.Tensor) -> None:
@@ -660,6 +667,9 @@ def _measure(
                 out = forward(current)
             del out
         m.memory[i] = (memory[0], memory[1])
+        if settings.profile:  # a forward of its own: the profiler's work stays out of the memory and the counts
+            out, m.profiles[i] = profile_forward(lambda: forward(current), device)
+            del out
         bar.update(1)
 
     warmups = settings.warmup
@@ -712,8 +722,8 @@ def _measure(
 
 
 def _inspects(settings: BenchSettings) -> bool:
-    """Whether a run has inspection forwards (peak memory, host cost)."""
-    return settings.measure_memory or settings.host_cost
+    """Whether a run has inspection forwards (peak memory, host cost, profile)."""
+    return settings.measure_memory or settings.host_cost or settings.profile
 
 
 def _median_round(ratios: Sequence[float]) -> int:
@@ -766,4 +776,5 @@ def _row(method: Method, m: _Measured, i: int, extra: dict[str, Any]) -> Row:
         speedup_max=None if i == 0 else max(speedups),
         extra=extra,
         settings=dict(method.settings),
+        profile=m.profiles[i],
     )

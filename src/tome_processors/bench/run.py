@@ -34,6 +34,7 @@ from .generate import DEFAULT_PROMPT, generation_table, save_generation_grid, sa
 from .meta import dtype_name, machine, resolve_device, resolve_dtype, versions
 from .methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, pick_methods
 from .models import BenchModel, build_model
+from .profiling import save_profile_report
 from .quality import TRAINED_COLUMNS, bench_denoiser, trained_quality_metrics
 from .report import markdown_table, meta_lines, save_json, save_plot
 
@@ -62,6 +63,8 @@ class BenchRequest:
         trained_quality: add the columns measured on the shipped trained denoiser (needs scikit-image).
         plot_error: the plot's x axis, `"random"` or `"trained"`.
         json_path, plot_path: where to write the JSON and the plot (None: not written).
+        profile_path: single forwards only: where to write each method's forward timed op by op
+            (`profiling.profile_report`; None: not profiled).
         grid_path: with `pipeline`, where to save the image grid.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
         cache: with `pipeline`, one of diffusers' step caches (`caches.CACHES`), timed alone and with each preset.
@@ -99,6 +102,7 @@ class BenchRequest:
     plot_error: str = "random"
     json_path: str | None = None
     plot_path: str | None = None
+    profile_path: str | None = None
     grid_path: str = "tome-bench-grid.png"
     text_encoders: str | None = None
     cache: str | None = None
@@ -122,6 +126,10 @@ def run_bench(request: BenchRequest) -> int:
         | method | ratio | ...
         0
     """
+    if request.profile_path is not None and request.pipeline:
+        raise ValueError(
+            f"Expected profile_path={request.profile_path!r} only without pipeline=True (it profiles single forwards)."
+        )
     started = time.perf_counter()
     if request.threads is not None:
         torch.set_num_threads(request.threads)
@@ -176,6 +184,7 @@ def run_bench(request: BenchRequest) -> int:
         warmup=request.warmup,
         measure_memory=request.measure_memory,
         host_cost=request.host_cost,
+        profile=request.profile_path is not None,
         progress=request.progress,
         compile=request.compile,
         compile_backend=request.compile_backend,
@@ -229,6 +238,9 @@ def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
     print(meta_lines(meta))
     if request.json_path:
         print(f"JSON: {save_json(rows, meta, request.json_path)}")
+    if request.profile_path:
+        named = [(row.name, row.profile) for row in rows if row.profile is not None]
+        print(f"profile: {save_profile_report(named, request.profile_path, header=f'`{request.command}`')}")
     if request.plot_path:
         title = f"{bench.description}, {bench.resolution} px, batch {request.batch}, {meta['dtype']} on {device.type}"
         error_key = TRAINED_COLUMNS[denoiser][0] if trained and request.plot_error == "trained" else None

@@ -168,6 +168,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json", default=None, metavar="PATH", help="write every row and the run's metadata here")
     out.add_argument("--plot", default=None, metavar="PATH", help="write a PNG of speed-up against output error")
     out.add_argument(
+        "--profile",
+        default=None,
+        metavar="PATH",
+        help="time one more forward per method op by op (torch.profiler: device time on CUDA, CPU time elsewhere) and "
+        "write each method's top ops to PATH (markdown); not with --pipeline",
+    )
+    out.add_argument(
         "--plot-error",
         choices=["random", "trained"],
         default=BenchRequest.plot_error,
@@ -304,6 +311,8 @@ def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
         if not args.decode:
             fail("Expected --no-decode only with --pipeline, but got it without.")
         return
+    if args.profile is not None:
+        fail("Expected --pipeline without --profile: the profile is of single forwards.")
     if args.compile is not None:
         fail("Expected --pipeline without --compile: the generations run eagerly, but got both.")
     if args.batch is not None:
@@ -368,6 +377,7 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         plot_error=args.plot_error,
         json_path=args.json,
         plot_path=args.plot,
+        profile_path=args.profile,
         grid_path=args.grid,
         text_encoders=args.text_encoders,
         decode=args.decode,

@@ -1,0 +1,108 @@
+"""Where one forward's time goes, op by op: `bench --profile PATH`.
+
+A method that merges tokens saves arithmetic in some ops and adds others (the matching, the gathers of merge
+and unmerge). The speed-up column says whether the sum pays; this says which ops moved. One forward per method
+runs under `torch.profiler`: on CUDA each op's self time on the device (its kernels), elsewhere its self time
+on the CPU. The report is a markdown table per method with the ops that took the most time.
+
+Example:
+    >>> _, profile = profile_forward(lambda: torch.ones(64, 64) @ torch.ones(64, 64), torch.device("cpu"))
+    >>> profile.clock, any(op.name == "aten::mm" for op in profile.ops)
+    ('cpu', True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["ForwardProfile", "OpTime", "profile_forward", "profile_report", "save_profile_report"]
+
+
+@dataclass
+class OpTime:
+    """One op's share of a forward: its name, how often it ran, its self time in milliseconds."""
+
+    name: str
+    calls: int
+    self_ms: float
+
+
+@dataclass
+class ForwardProfile:
+    """One forward's time by op (see the module docstring).
+
+    Attributes:
+        clock: `"cuda"` (self time on the device) or `"cpu"` (self time on the host).
+        total_ms: every op's self time summed, in milliseconds.
+        ops: the ops that took the most self time, the largest first (`top` of them).
+    """
+
+    clock: str
+    total_ms: float
+    ops: list[OpTime] = field(default_factory=list)
+
+
+def profile_forward(call: Callable[[], Any], device: torch.device, top: int = 20) -> tuple[Any, ForwardProfile]:
+    """Run `call()` (one forward) under `torch.profiler`: `(its result, ForwardProfile of its top ops)`."""
+    cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=activities) as profiler:
+        out = call()
+        if cuda:
+            torch.cuda.synchronize(device)
+    times = [(event.key, event.count, _self_us(event, cuda)) for event in profiler.key_averages()]
+    times = [entry for entry in times if entry[2] > 0]
+    times.sort(key=lambda entry: -entry[2])
+    ops = [OpTime(name, calls, us / 1000) for name, calls, us in times[:top]]
+    return out, ForwardProfile("cuda" if cuda else "cpu", sum(us for *_, us in times) / 1000, ops)
+
+
+def _self_us(event: Any, cuda: bool) -> float:
+    """An averaged event's self time in microseconds: on the device (CUDA kernels) or on the CPU."""
+    if not cuda:
+        return float(event.self_cpu_time_total)
+    device_time = getattr(event, "self_device_time_total", None)  # torch >= 2.4; older ones call it cuda
+    return float(event.self_cuda_time_total if device_time is None else device_time)
+
+
+def profile_report(named: Sequence[tuple[str, ForwardProfile]]) -> str:
+    """A markdown section per method: its total, then a row per top op with its share of the total.
+
+    Example:
+        >>> print(profile_report([("baseline", ForwardProfile("cpu", 2.0, [OpTime("aten::mm", 1, 1.5)]))]))
+        ### baseline: 2.000 ms of op self time on the cpu
+        <BLANKLINE>
+        | op | calls | self ms | share % |
+        |---|---|---|---|
+        | aten::mm | 1 | 1.500 | 75.0 |
+    """
+    sections = []
+    for name, profile in named:
+        lines = [
+            f"### {name}: {profile.total_ms:.3f} ms of op self time on the {profile.clock}",
+            "",
+            "| op | calls | self ms | share % |",
+            "|---|---|---|---|",
+        ]
+        for op in profile.ops:
+            share = 100 * op.self_ms / profile.total_ms if profile.total_ms else 0.0
+            lines.append(f"| {op.name.replace('|', '/')} | {op.calls} | {op.self_ms:.3f} | {share:.1f} |")
+        sections.append("\n".join(lines))
+    return "\n\n".join(sections)
+
+
+def save_profile_report(named: Sequence[tuple[str, ForwardProfile]], path: str | Path, header: str = "") -> Path:
+    """Write `profile_report(named)` to `path`, after `header` (the run's command, say)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = profile_report(named)
+    path.write_text((f"{header}\n\n" if header else "") + text + "\n", encoding="utf-8")
+    return path
