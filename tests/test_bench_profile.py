@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tome_processors.bench.profiling import ForwardProfile, OpTime, profile_forward, profile_report
+from tome_processors.bench.profiling import ForwardProfile, OpTime, op_times, profile_forward, profile_report
 from tome_processors.bench.run import BenchRequest, run_bench
 from tome_processors.cli.main import main
 
@@ -27,6 +28,29 @@ def test_profile_forward_times_each_op_of_the_call(one_thread):
     assert by_name["aten::mm"].calls == 2  # two products, averaged into one entry
     assert [op.self_ms for op in profile.ops] == sorted((op.self_ms for op in profile.ops), reverse=True)
     assert 0 < sum(op.self_ms for op in profile.ops) <= profile.total_ms + 1e-9
+
+
+def test_cuda_profiles_rank_ops_by_their_kernels_and_count_each_kernel_once():
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def event(key, device_type, device_us, count=1):
+        return SimpleNamespace(key=key, count=count, device_type=device_type, self_device_time_total=device_us)
+
+    averages = [  # as `key_averages()` lists them: the ops (device time of their kernels), then the kernels
+        event("aten::mm", cpu, 300.0, count=2),
+        event("aten::linear", cpu, 0.0, count=2),  # its kernels are its child's, `mm`'s
+        event("aten::index_select", cpu, 100.0),
+        event("gemm_kernel", cuda, 300.0, count=2),
+        event("index_kernel", cuda, 100.0),
+        event("Memcpy HtoD", cuda, 20.0),
+    ]
+    profile = op_times(averages, cuda=True)
+    assert profile.clock == "cuda" and profile.total_ms == pytest.approx(0.42)  # kernels once, copies included
+    assert [(op.name, op.calls, op.self_ms) for op in profile.ops] == [
+        ("aten::mm", 2, pytest.approx(0.3)),
+        ("aten::index_select", 1, pytest.approx(0.1)),
+    ]
+    assert [op.name for op in op_times(averages, cuda=True, top=1).ops] == ["aten::mm"]
 
 
 def test_profile_report_gives_each_method_its_section_and_shares():

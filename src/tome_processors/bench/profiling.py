@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ForwardProfile", "OpTime", "profile_forward", "profile_report", "save_profile_report"]
+__all__ = ["ForwardProfile", "OpTime", "op_times", "profile_forward", "profile_report", "save_profile_report"]
 
 
 @dataclass
@@ -58,18 +58,30 @@ def profile_forward(call: Callable[[], Any], device: torch.device, top: int = 20
         out = call()
         if cuda:
             torch.cuda.synchronize(device)
-    times = [(event.key, event.count, _self_us(event, cuda)) for event in profiler.key_averages()]
-    times = [entry for entry in times if entry[2] > 0]
-    times.sort(key=lambda entry: -entry[2])
-    ops = [OpTime(name, calls, us / 1000) for name, calls, us in times[:top]]
-    return out, ForwardProfile("cuda" if cuda else "cpu", sum(us for *_, us in times) / 1000, ops)
+    return out, op_times(profiler.key_averages(), cuda, top)
 
 
-def _self_us(event: Any, cuda: bool) -> float:
-    """An averaged event's self time in microseconds: on the device (CUDA kernels) or on the CPU."""
-    if not cuda:
-        return float(event.self_cpu_time_total)
-    device_time = getattr(event, "self_device_time_total", None)  # torch >= 2.4; older ones call it cuda
+def op_times(averages: Sequence[Any], cuda: bool, top: int = 20) -> ForwardProfile:
+    """A `ForwardProfile` from `torch.profiler`'s averaged events (`profile.key_averages()`).
+
+    On CUDA the profiler lists each kernel as an event of its own and gives each op the device time of the
+    kernels it launched: the ops are ranked by that, and the total is the kernels' own time (counting both
+    would count every kernel twice). Elsewhere every event is an op, ranked by its self time on the CPU.
+    """
+    if cuda:
+        ops = [(e.key, e.count, _device_us(e)) for e in averages if e.device_type == torch.autograd.DeviceType.CPU]
+        total = sum(_device_us(e) for e in averages if e.device_type != torch.autograd.DeviceType.CPU)
+    else:
+        ops = [(e.key, e.count, float(e.self_cpu_time_total)) for e in averages]
+        total = sum(us for *_, us in ops)
+    ops = sorted((entry for entry in ops if entry[2] > 0), key=lambda entry: -entry[2])
+    top_ops = [OpTime(name, calls, us / 1000) for name, calls, us in ops[:top]]
+    return ForwardProfile("cuda" if cuda else "cpu", total / 1000, top_ops)
+
+
+def _device_us(event: Any) -> float:
+    """An averaged event's self time on the device, in microseconds (torch < 2.4 calls it `cuda`)."""
+    device_time = getattr(event, "self_device_time_total", None)
     return float(event.self_cuda_time_total if device_time is None else device_time)
 
 
