@@ -320,3 +320,30 @@ def test_qwenimage_batch_in_one_call_matches_one_sample_at_a_time(options, refer
     torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-5)
     tp.remove_tome(model)
     assert not torch.allclose(run(model, inputs), alone, atol=1e-4)  # ToMe changed the output
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+@pytest.mark.parametrize("options", [{}, {"recompute_every": 2}, {"share_level": True, "recompute_every": 3}])
+def test_qwenimage_text_table_follows_each_calls_text(batch, options, one_thread):
+    # True classifier-free guidance calls the model with two prompts of different lengths in turn; merges kept
+    # across calls must not keep the other prompt's text table.
+    model = tiny_qwenimage(2)
+    seen = []
+    original = QwenDoubleStreamAttnProcessor2_0.__call__
+
+    def recording(self, attn, hidden_states, encoder_hidden_states=None, encoder_hidden_states_mask=None,
+                  attention_mask=None, image_rotary_emb=None):  # fmt: skip
+        seen.append((encoder_hidden_states.shape[1], image_rotary_emb[1].shape[0]))
+        return original(self, attn, hidden_states, encoder_hidden_states, encoder_hidden_states_mask, attention_mask,
+                        image_rotary_emb)  # fmt: skip
+
+    tp.apply_tome(model, **options)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(QwenDoubleStreamAttnProcessor2_0, "__call__", recording)
+        for text in (7, 3, 7, 3):
+            inputs = qwenimage_inputs(batch=batch)
+            inputs["encoder_hidden_states"] = inputs["encoder_hidden_states"][:, :text]
+            inputs["encoder_hidden_states_mask"] = inputs["encoder_hidden_states_mask"][:, :text]
+            run(model, inputs)
+    assert [text for text, _ in seen] == [7, 7, 3, 3, 7, 7, 3, 3]
+    assert all(text == table for text, table in seen)
