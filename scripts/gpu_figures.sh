@@ -36,6 +36,13 @@ case $1 in
     bench 60 flux2-1024-presets --arch flux2 --resolution 1024 --layers 2 --dtype bfloat16 --rounds 5 --no-tomesd \
       --no-trained-quality
     ;;
+  profiles)  # where the merged forwards' time goes (each run writes its top ops, `--profile`): Qwen-Image at its full
+    # depth and batch 2 (its batch in one attention call since 8eb9395; `fast` barely beat `balanced` per image at
+    # d4b8084), LTX-2 (1.10x at 4 blocks although its video self-attention merges 75% of the tokens)
+    bench 150 qwenimage-1024-full --arch qwenimage --resolution 1024 --dtype bfloat16 --rounds 3 --no-tomesd \
+      --no-trained-quality
+    bench 120 ltx2-121-profile --arch ltx2 --layers 4 --batch 1 --dtype bfloat16 --rounds 3 --no-trained-quality
+    ;;
   images)
     bench 110 sd15-512 --arch sd15 --resolution 512 --rounds 10
     bench 110 sdxl-1024 --arch sdxl --resolution 1024 --rounds 5
