@@ -20,6 +20,18 @@ bench() {  # bench SECONDS NAME ARGS...: single forwards also write each method'
     "${profile[@]}" "$@" 2>&1 | grep -v Warning | tee -a "$log"
 }
 case $1 in
+  hires)  # Stable Diffusion at high resolution: SD1.5 at 1024 (a CFG batch) and 2048, SDXL at 2048, presets and the
+    # K/V pooling modes, the trained-model columns left out (they run on the host CPU)
+    bench 75 sd15-1024 --arch sd15 --resolution 1024 --batch 2 --rounds 3 --no-tomesd --no-trained-quality \
+      --modes kv-avg kv4-avg kv4-avg-2lv share window-share
+    bench 90 sd15-2048 --arch sd15 --resolution 2048 --batch 1 --rounds 2 --no-tomesd --no-trained-quality \
+      --modes kv-avg kv4-avg kv4-avg-2lv share
+    bench 110 sdxl-2048 --arch sdxl --resolution 2048 --batch 1 --rounds 2 --no-tomesd --no-trained-quality \
+      --modes kv-avg kv4-avg kv4-avg-2lv share
+    ;;
+  determinism)  # whether merged forwards are bit-identical run after run on the GPU
+    timeout 60 python3 scripts/gpu_determinism.py --device cuda 2>&1 | grep -v Warning | tee -a "$log"
+    ;;
   video)
     bench 230 wan81 --arch wan --resolution 480 --width 832 --frames 81 --batch 1 --dtype bfloat16 --rounds 3 --modes temporal-only --no-trained-quality
     for arch in qwenimage chroma zimage flux; do
