@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import run_unet, tiny_unet, unet_inputs
 
 from tome_processors import apply_tome, remove_tome
 from tome_processors.merge import TokenMerge
+
+from models import run_unet, tiny_unet, unet_inputs
 
 
 @pytest.fixture
