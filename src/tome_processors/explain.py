@@ -158,10 +158,12 @@ def _explain_model(
             verdict = verdicts.get((level, site_width))
             kv = setting.mode == "downsample_kv"
             if verdict is None:
-                merges, factor, why, speedup, measured = False, 0, "not selected (max_downsample / level_ratios)", 1.0, "-"
+                merges, factor, speedup, measured = False, 0, 1.0, "-"
+                why = "not selected (max_downsample / level_ratios)"
             elif not setting.pays_only:
                 merges, factor = True, setting.kv_factor
-                why = "pays_only=False: merges wherever selected (" + ("pays" if verdict.factor else "would not pay") + ")"
+                pays = "pays" if verdict.factor else "would not pay"
+                why = f"pays_only=False: merges wherever selected ({pays})"
                 speedup, measured = predicted_speedup(device_type, group, _kind(setting, verdict.kind), verdict.value)
             else:
                 merges, factor, why = verdict.factor > 0, verdict.factor, verdict.why

@@ -165,9 +165,7 @@ class ModelHooks:
         state = self.model_state
         config = state.config
         group = group_of(self.family.name)
-        factors, verdicts = decide(
-            config, group, self.shapes, grid, frames, device_type, state.max_downsample(config)
-        )
+        factors, verdicts = decide(config, group, self.shapes, grid, frames, device_type, state.max_downsample(config))
         self.decisions = (*self.decisions[-15:], (key, factors))
         if not is_compiling():
             _log_decision(type(self.model).__name__, config, grid, frames, device_type, verdicts)

@@ -21,7 +21,8 @@ forward pre-hook, from shapes only (no tensor is read), and said once at INFO le
 Example:
     >>> from tome_processors.pays import judge
     >>> from tome_processors import ToMeConfig
-    >>> judge(ToMeConfig.from_preset("balanced", "unet"), "unet", tokens=4096, width=640, depth=2, device_type="cuda").factor
+    >>> balanced = ToMeConfig.from_preset("balanced", "unet")
+    >>> judge(balanced, "unet", tokens=4096, width=640, depth=2, device_type="cuda").factor  # SDXL at 1024 px
     0
 """
 
@@ -208,7 +209,8 @@ def judge(config: ToMeConfig, group: str, tokens: int, width: int, depth: int, d
     if config.mode == "downsample_kv":
         load = tokens / max(width, 1)
         if load < rule.kv_load:
-            return Verdict(0, f"K/V pooling does not pay {where} below {rule.kv_load:g} tokens per channel", "kv2", load)
+            why = f"K/V pooling does not pay {where} below {rule.kv_load:g} tokens per channel"
+            return Verdict(0, why, "kv2", load)
         if config.kv_factor >= 4 and load < rule.kv4_load:
             why = f"pools 2x2: {config.kv_factor}x{config.kv_factor} pays more than 2x2 {where} from {rule.kv4_load:g}"
             return Verdict(2, why + " tokens per channel", "kv2", load)
@@ -267,9 +269,7 @@ def decide(
         if config.level_ratio(level, max_downsample) > 0:
             tokens = site_tokens(grid, level, frames)
             verdicts[(level, width)] = judge(config, group, tokens, width, depth[(level, width)], device_type)
-    factors = tuple(
-        verdicts[(s.level, s.width)].factor if (s.level, s.width) in verdicts else 0 for s in shapes
-    )
+    factors = tuple(verdicts[(s.level, s.width)].factor if (s.level, s.width) in verdicts else 0 for s in shapes)
     return factors, verdicts
 
 
