@@ -260,3 +260,20 @@ def test_predictions_interpolate_the_measured_figures():
     assert low < predicted_speedup("cuda", "unet", "kv2", 18.0)[0] < high
     assert predicted_speedup("cuda", "unet", "kv2", 1e6)[0] == 1.74  # beyond the figures: the nearest
     assert set(THRESHOLDS) >= {("cuda", "unet"), ("cuda", "transformer"), ("cpu", "unet"), ("cpu", "transformer")}
+
+
+@pytest.mark.parametrize("family", ["pixart", "flux", "qwenimage", "zimage", "wan"])
+def test_presets_on_tiny_transformers_on_the_cpu_do_the_baselines_work(family, one_thread):
+    from test_presets import forward as family_forward
+    from test_presets import model_and_inputs
+
+    model, inputs = model_and_inputs(family)
+    family_forward(model, inputs)  # fills the models' own caches (Qwen-Image's rotary tables)
+    baseline, baseline_ops, baseline_syncs = count_aten_ops(lambda: family_forward(model, inputs))
+    for preset in ("exact", "balanced", "fast"):
+        tp.apply_tome(model, preset=preset)
+        family_forward(model, inputs)  # decides
+        out, ops, syncs = count_aten_ops(lambda: family_forward(model, inputs))
+        assert torch.equal(out, baseline) and ops == baseline_ops, (preset, ops - baseline_ops, baseline_ops - ops)
+        assert syncs == baseline_syncs  # Qwen-Image's own forward has one
+        tp.remove_tome(model)

@@ -137,7 +137,7 @@ class ModelState:
         self._stacks = ()
         self._shared = ()
         self.rotary_tables = ()
-        self.paying = None
+        self.set_paying(None)
         self.kept.clear()
         self._forget_plans()
 
@@ -174,6 +174,17 @@ class ModelState:
             self._count_step(timestep)
         if self.config.ratio_start is not None:
             self.timestep_value = timestep_value if timestep_value is not None else _timestep_value(timestep)
+
+    def set_paying(self, paying: tuple[int, ...] | None) -> None:
+        """Hand each block its `pays_only` factor (`BlockState.factor`), where the decision is another than the last.
+
+        Each block reads its own attribute, not the tuple at its index: a compiled block (regional compilation)
+        then guards on its own value, so blocks with one verdict share a graph.
+        """
+        if paying is not self.paying:
+            for block in self.blocks:
+                block.factor = paying[block.index] if paying is not None and block.index < len(paying) else None
+        self.paying = paying
 
     def _forget_plans(self) -> None:
         # Every block's handed-over partitions too: written here before a compiled graph reads any, so none
@@ -370,13 +381,15 @@ class BlockState:
     ff_merge: TokenMerge | None = None
     # This block's partitions in this forward, one per grid and layout (`ModelState.partitions`: where).
     planned: tuple[Partition, ...] = field(default=(), repr=False, compare=False)
+    #: With `pays_only`: this block's factor in this forward (0: merges nothing; `ModelState.set_paying`).
+    factor: int | None = None
 
     def __post_init__(self) -> None:
         self.model.num_blocks = max(self.model.num_blocks, self.index + 1)
         self.model.blocks.append(self)
 
     def __getstate__(self) -> dict:  # a copy holds no forward's tensors (see `ModelState.__getstate__`)
-        return {"model": self.model, "index": self.index}
+        return {"model": self.model, "index": self.index, "factor": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -408,10 +421,10 @@ class BlockState:
     def pays(self, config: ToMeConfig) -> int:
         """0 where `config.pays_only` and the rule turn merging off in this block for this forward; else the K/V
         pooling window side to use (`config.kv_factor`, or less where the rule says so)."""
-        paying = self.model.paying
-        if not config.pays_only or paying is None:
+        factor = self.factor
+        if not config.pays_only or factor is None:
             return config.kv_factor
-        return min(paying[self.index], config.kv_factor) if self.index < len(paying) else config.kv_factor
+        return min(factor, config.kv_factor)
 
     def merge_for(
         self, config: ToMeConfig, text: int | None = 0, text_rows: bool = False, tail: int = 0

@@ -146,9 +146,13 @@ class ModelHooks:
         if not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames) and not is_compiling():
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         tail = family.trailing_tokens(args, kwargs, grid)
-        state.begin(grid[-2:], family.timestep(args, kwargs), value, marker, frames, tail)
+        paying = None
         if state.config.pays_only:
-            state.paying = self.paying(grid[-2:], frames, self._device_type(model, args, kwargs))
+            paying = self.paying(grid[-2:], frames, self._device_type(model, args, kwargs))
+        # Where nothing pays, not even the family's timestep scaling (an op on Flux) runs.
+        timestep = family.timestep(args, kwargs) if paying is None or any(paying) else None
+        state.begin(grid[-2:], timestep, value, marker, frames, tail)
+        state.set_paying(paying)
 
     def _device_type(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> str:
         x = argument(args, kwargs, self.family.input_position, self.family.input_name)
@@ -369,10 +373,10 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
     """
     block_state.reset()
     hidden_states = argument(args, kwargs, 0, "hidden_states")
-    if not isinstance(hidden_states, torch.Tensor):
-        block_state.metric = None
-        return
     model = block_state.model
+    if not isinstance(hidden_states, torch.Tensor) or block_state.factor == 0:
+        block_state.metric = None  # nothing to merge from (`pays_only`: merging does not pay in this block)
+        return
     latent_hw = model.latent_hw
     if site is not None and latent_hw is not None:
         hidden_states = site.metric(hidden_states, latent_hw[0] * latent_hw[1], model.tail)
