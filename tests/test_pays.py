@@ -100,6 +100,7 @@ def test_cpu_verdicts_tiny_models_merge_nothing_real_widths_merge():
         config = ToMeConfig.from_preset(preset, "unet")
         assert judge(config, "unet", 16 * 16, 32, 3, "cpu").factor == 0  # the --quick UNet at 128 px
         assert judge(config, "unet", 64 * 64, 320, 5, "cpu").factor > 0  # SD1.5 at 512 px: 1.14x-1.23x
+        assert judge(config, "unet", 32 * 32, 320, 5, "cpu").factor > 0  # SD1.5 at 256 px: 1.03x-1.08x
         pixart = ToMeConfig.from_preset(preset, "pixart")
         assert judge(pixart, "transformer", 8 * 8, 32, 2, "cpu").factor == 0
         assert judge(pixart, "transformer", 32 * 32, 1152, 28, "cpu").factor > 0
