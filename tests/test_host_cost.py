@@ -580,6 +580,9 @@ COMPILED = [
     # Window matching: a gather of each source's window destination instead of the similarity product.
     ("wan", {"st": 2, "ratio": 0.75, "matching": "window"}),
     ("flux", {"matching": "window", "share_level": True}),
+    # The presets' rule (`pays_only`, decided in the model pre-hook; conftest's table merges everywhere).
+    ("unet", {"pays_only": True, "mode": "downsample_kv", "kv_factor": 4}),
+    ("flux", {"pays_only": True, "share_level": True}),
 ]
 
 

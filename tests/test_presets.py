@@ -66,7 +66,9 @@ def forward(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
 def test_every_family_has_every_preset_and_they_differ(family):
     configs = {name: ToMeConfig.from_preset(name, family) for name in PRESETS}
     assert set(FAMILIES[family].presets) == set(PRESETS)
-    assert configs["exact"] == ToMeConfig.for_model(family)  # "exact" is today's default
+    # "exact" is the default (tomesd's), merging only where it pays; every preset does (pays_only).
+    assert configs["exact"] == ToMeConfig.for_model(family).replace(pays_only=True)
+    assert all(config.pays_only for config in configs.values()) and not ToMeConfig.for_model(family).pays_only
     assert len(set(configs.values())) == len(PRESETS)
     # "exact" is tomesd's algorithm: per-block matching in self-attention, no reuse, no K/V pooling.
     exact = configs["exact"]
@@ -129,7 +131,7 @@ def test_enable_tome_with_a_preset_on_a_pipeline(tmp_path):
     assert tp.is_tome_applied(pipe)
     assert tome_config_of(pipe) == ToMeConfig.from_preset("balanced", pipe.unet)
     tp.enable_tome(pipe, 0.3, preset="exact")  # `ratio` overrides the preset too
-    assert tome_config_of(pipe) == ToMeConfig(ratio=0.3)
+    assert tome_config_of(pipe) == ToMeConfig(ratio=0.3, pays_only=True)
     tp.enable_tome(pipe)  # no arguments: the family's defaults, as before presets existed
     assert tome_config_of(pipe) == ToMeConfig.for_model(pipe.unet)
     with pytest.raises(ValueError, match="not both"):

@@ -8,6 +8,7 @@ Example:
 
 from .apply import apply_tome, is_tome_applied, new_generation, remove_tome
 from .config import ToMeConfig
+from .explain import SiteExplanation, explain_tome
 from .hooks import set_timestep_schedule, set_token_grid
 from .pipeline import ToMeMixin, disable_tome, enable_tome, patch_pipelines, unpatch_pipelines
 from .processor import ToMeProcessor
@@ -17,11 +18,13 @@ __version__ = "0.1.0"
 __all__ = [
     "ToMeConfig",
     "ToMeMixin",
+    "SiteExplanation",
     "ToMeProcessor",
     "__version__",
     "apply_tome",
     "disable_tome",
     "enable_tome",
+    "explain_tome",
     "is_tome_applied",
     "new_generation",
     "patch_pipelines",

@@ -99,6 +99,11 @@ class ToMeConfig:
             keeps rotary positions close; on the trained video model it changes the prediction less
             than global matching at a higher ratio (docs/options.md). `similarity_dtype` has no
             product to act on there.
+        pays_only: merge only where the measured figures say merging makes the forward faster for the device
+            type, token count and depth at hand (`tome_processors.pays`; `explain_tome` shows each site's
+            verdict), and elsewhere nothing; with `kv_factor >= 4`, pool 2x2 where 4x4 did not pay more. Decided
+            once per token grid and device type from shapes alone. Every preset sets it; `False` (the default,
+            as tomesd) merges wherever the other options say.
 
     Example:
         >>> from tome_processors import ToMeConfig
@@ -130,6 +135,7 @@ class ToMeConfig:
     num_train_timesteps: int = 1000
     similarity_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     matching: Matching = "global"
+    pays_only: bool = False
 
     def __post_init__(self) -> None:
         _expect(_is_int(self.sx) and self.sx >= 1, "sx to be an integer >= 1", self.sx)
@@ -191,7 +197,7 @@ class ToMeConfig:
                 )
             # Stored as sorted pairs so the config stays hashable (merges are cached per config).
             object.__setattr__(self, "level_ratios", tuple(sorted(dict(self.level_ratios).items())))
-        for flag in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_level"):
+        for flag in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_level", "pays_only"):
             value = getattr(self, flag)
             _expect(isinstance(value, bool), f"{flag} to be a bool", value)
         _expect(_is_int(self.seed) and self.seed >= 0, "seed to be a non-negative integer", self.seed)
@@ -267,13 +273,15 @@ class ToMeConfig:
 
         `"exact"` is tomesd's algorithm (per-block matching, attention only) at the family's default
         ratio; `"balanced"` and `"fast"` are chosen per family from measured speed and quality
-        (docs/options.md has the table). `model` is a model or a family name, as in `for_model`.
+        (docs/options.md has the table). Every preset sets `pays_only=True`: it merges only where that pays
+        on the device and size at hand (`pays_only=False` among the overrides merges wherever it selects).
+        `model` is a model or a family name, as in `for_model`.
 
         Example:
             >>> from tome_processors import ToMeConfig
             >>> ToMeConfig.from_preset("fast", "sd3").share_level
             True
-            >>> ToMeConfig.from_preset("exact", "unet") == ToMeConfig()
+            >>> ToMeConfig.from_preset("exact", "unet") == ToMeConfig(pays_only=True)
             True
         """
         _expect(isinstance(name, str) and name in PRESETS, f"preset to be one of {list(PRESETS)}", name)

@@ -113,6 +113,9 @@ class ModelState:
     _generation: torch.Tensor | None = None
     # Every block's state (each `BlockState` adds itself), to hand each block its own of a forward's partitions.
     blocks: list[BlockState] = field(default_factory=list, repr=False, compare=False)
+    #: With `pays_only`: each block's factor for this forward's grid and device type (0: merges nothing; K/V
+    #: pooling: its window side), decided once per grid by the model's pre-hook (pays.py); None without.
+    paying: tuple[int, ...] | None = None
 
     def __getstate__(self) -> dict:
         # A copy (`copy.deepcopy`, `pickle`) starts with no generation and empty caches: they hold the
@@ -134,6 +137,7 @@ class ModelState:
         self._stacks = ()
         self._shared = ()
         self.rotary_tables = ()
+        self.set_paying(None)
         self.kept.clear()
         self._forget_plans()
 
@@ -170,6 +174,17 @@ class ModelState:
             self._count_step(timestep)
         if self.config.ratio_start is not None:
             self.timestep_value = timestep_value if timestep_value is not None else _timestep_value(timestep)
+
+    def set_paying(self, paying: tuple[int, ...] | None) -> None:
+        """Hand each block its `pays_only` factor (`BlockState.factor`), where the decision is another than the last.
+
+        Each block reads its own attribute, not the tuple at its index: a compiled block (regional compilation)
+        then guards on its own value, so blocks with one verdict share a graph.
+        """
+        if paying is not self.paying:
+            for block in self.blocks:
+                block.factor = paying[block.index] if paying is not None and block.index < len(paying) else None
+        self.paying = paying
 
     def _forget_plans(self) -> None:
         # Every block's handed-over partitions too: written here before a compiled graph reads any, so none
@@ -366,13 +381,15 @@ class BlockState:
     ff_merge: TokenMerge | None = None
     # This block's partitions in this forward, one per grid and layout (`ModelState.partitions`: where).
     planned: tuple[Partition, ...] = field(default=(), repr=False, compare=False)
+    #: With `pays_only`: this block's factor in this forward (0: merges nothing; `ModelState.set_paying`).
+    factor: int | None = None
 
     def __post_init__(self) -> None:
         self.model.num_blocks = max(self.model.num_blocks, self.index + 1)
         self.model.blocks.append(self)
 
     def __getstate__(self) -> dict:  # a copy holds no forward's tensors (see `ModelState.__getstate__`)
-        return {"model": self.model, "index": self.index}
+        return {"model": self.model, "index": self.index, "factor": None}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -398,8 +415,16 @@ class BlockState:
         return Grid(h, w, downsample, frames) if h * w == per_frame else None
 
     def applies(self, config: ToMeConfig, grid: Grid) -> bool:
-        """Whether `config` acts on this block's level at all (before any timestep schedule)."""
-        return config.level_ratio(grid.downsample, self.model.max_downsample(config)) > 0
+        """Whether `config` acts on this block's level at all (before any timestep schedule), and pays there."""
+        return config.level_ratio(grid.downsample, self.model.max_downsample(config)) > 0 and self.pays(config) > 0
+
+    def pays(self, config: ToMeConfig) -> int:
+        """0 where `config.pays_only` and the rule turn merging off in this block for this forward; else the K/V
+        pooling window side to use (`config.kv_factor`, or less where the rule says so)."""
+        factor = self.factor
+        if not config.pays_only or factor is None:
+            return config.kv_factor
+        return min(factor, config.kv_factor)
 
     def merge_for(
         self, config: ToMeConfig, text: int | None = 0, text_rows: bool = False, tail: int = 0
@@ -414,6 +439,8 @@ class BlockState:
             tail: tokens after the grid's, each a row of its own (`TokenMerge.tail`: a reference image's,
                 Z-Image's padding and text).
         """
+        if config.pays_only and self.pays(config) == 0:
+            return None  # merging does not pay here (pays.py)
         if not (self.model.needs_row_token or text_rows):
             text = 0  # nothing counts the text: one merge for every caller
         # One slot (all processors of a model normally share one config), kept in attributes rather

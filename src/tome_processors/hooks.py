@@ -40,6 +40,7 @@ from .context import SLOT_ATTR, AttentionSlot, BlockState, HostSchedule, ModelSt
 from .families import BlockSite, Family, Span, attention_levels, class_default_processor, family_of
 from .keeper import ProcessorKeeper, all_unwrapped
 from .merge import release_buffers
+from .pays import SiteShape, decide, group_of, site_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -115,10 +116,14 @@ class ModelHooks:
         self.warned_small_grid = False
         #: The generation's token grid as its pipeline made it (`prepare_latents`), for a compiled forward.
         self.grid_hint: tuple[int, int] | None = None
+        #: Each block's static shape (level, width), for `pays_only` (pays.py).
+        self.shapes: tuple[SiteShape, ...] = ()
+        #: `pays_only`'s decisions made so far: `((grid, frames, device type), factors)` pairs, replaced, not mutated.
+        self.decisions: tuple = ()
 
     def __getstate__(self) -> dict:
         # A copy starts a generation of its own: the schedule (held for one pipeline call) stays behind.
-        return {**vars(self), "schedule": None, "grid_hint": None}
+        return {**vars(self), "schedule": None, "grid_hint": None, "decisions": ()}
 
     def begin(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """Start a forward of `model` called with `args` / `kwargs`: its token grid and timestep."""
@@ -141,7 +146,34 @@ class ModelHooks:
         if not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames) and not is_compiling():
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         tail = family.trailing_tokens(args, kwargs, grid)
-        state.begin(grid[-2:], family.timestep(args, kwargs), value, marker, frames, tail)
+        paying = None
+        if state.config.pays_only:
+            paying = self.paying(grid[-2:], frames, self._device_type(model, args, kwargs))
+        # Where nothing pays, not even the family's timestep scaling (an op on Flux) runs.
+        timestep = family.timestep(args, kwargs) if paying is None or any(paying) else None
+        state.begin(grid[-2:], timestep, value, marker, frames, tail)
+        state.set_paying(paying)
+
+    def _device_type(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> str:
+        x = argument(args, kwargs, self.family.input_position, self.family.input_name)
+        if isinstance(x, torch.Tensor):
+            return x.device.type
+        return next((p.device.type for p in model.parameters()), "cpu")
+
+    def paying(self, grid: tuple[int, int], frames: int, device_type: str) -> tuple[int, ...]:
+        """Each block's `pays_only` factor for this grid and device type (0: merges nothing), decided once."""
+        key = (grid, frames, device_type)
+        for known, factors in self.decisions:
+            if known == key:
+                return factors
+        state = self.model_state
+        config = state.config
+        group = group_of(self.family.name)
+        factors, verdicts = decide(config, group, self.shapes, grid, frames, device_type, state.max_downsample(config))
+        self.decisions = (*self.decisions[-15:], (key, factors))
+        if not is_compiling():
+            _log_decision(type(self.model).__name__, config, grid, frames, device_type, verdicts)
+        return factors
 
     def _warn_if_too_small(self, model: torch.nn.Module, grid: tuple[int, int], frames: int) -> None:
         config = self.model_state.config
@@ -299,9 +331,11 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
     )
     context = ModelHooks(model, state, family, processor_type)
     context.watched = attention_modules(model)
+    sites = family.blocks(model)
+    context.shapes = site_shapes(model, family, sites)
     context.keeper = ProcessorKeeper(model, context.watched, processor_type, config, context.inner_of)
     context.handles.append(model.register_forward_pre_hook(_ModelPreHook(context), with_kwargs=True))
-    for index, site in enumerate(family.blocks(model)):
+    for index, site in enumerate(sites):
         block_state = BlockState(state, index)
         context.blocks.append(block_state)
         context.block_modules.append(site.module)
@@ -309,6 +343,26 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
     context.keeper.install()
     logger.debug("ToMe hooks on %s (%s): %d blocks", type(model).__name__, family.name, len(context.blocks))
     return context
+
+
+def _log_decision(
+    name: str, config: ToMeConfig, grid: tuple[int, int], frames: int, device_type: str, verdicts: dict
+) -> None:
+    """Say once, at INFO, where `pays_only` merges less than `config` selects on this grid and device type."""
+    full = config.kv_factor if config.mode == "downsample_kv" else 1
+    if all(verdict.factor == full for verdict in verdicts.values()):
+        return
+    size = f"{frames}x{grid[0]}x{grid[1]}" if frames > 1 else f"{grid[0]}x{grid[1]}"
+    parts = []
+    for (level, width), verdict in sorted(verdicts.items()):
+        if verdict.factor == 0:
+            what = "merges nothing"
+        elif config.mode == "downsample_kv":
+            what = f"pools {verdict.factor}x{verdict.factor}"
+        else:
+            what = "merges"
+        parts.append(f"level {level} (width {width}) {what}: {verdict.why}")
+    logger.info("ToMe on %s, %s token grid on %s (pays_only): %s", name, size, device_type, "; ".join(parts))
 
 
 def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockSite | None = None) -> None:
@@ -319,10 +373,10 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
     """
     block_state.reset()
     hidden_states = argument(args, kwargs, 0, "hidden_states")
-    if not isinstance(hidden_states, torch.Tensor):
-        block_state.metric = None
-        return
     model = block_state.model
+    if not isinstance(hidden_states, torch.Tensor) or block_state.factor == 0:
+        block_state.metric = None  # nothing to merge from (`pays_only`: merging does not pay in this block)
+        return
     latent_hw = model.latent_hw
     if site is not None and latent_hw is not None:
         hidden_states = site.metric(hidden_states, latent_hw[0] * latent_hw[1], model.tail)

@@ -21,6 +21,7 @@ import torch
 from diffusers import DDIMScheduler
 from diffusers.models.cache_utils import CacheMixin
 
+from ..pays import ALWAYS, pays_table
 from .engine import Apply, relative_error
 from .quality import context_dim, context_embedding, heldout_samples, load_denoiser, predict_noise, psnr
 
@@ -113,12 +114,13 @@ class SamplingProbe:
         if apply is None:
             result = base
         else:
-            apply(self.model)
-            try:
-                result = self.sample()
-            finally:
-                if remove is not None:
-                    remove(self.model)
+            with pays_table(ALWAYS):  # where it merges (as `QualityProbe.measure`)
+                apply(self.model)
+                try:
+                    result = self.sample()
+                finally:
+                    if remove is not None:
+                        remove(self.model)
         change = relative_error(result, base)
         value = psnr(result, self.crops)
         return {"image_change": change, "psnr": value, "psnr_drop": psnr(base, self.crops) - value}

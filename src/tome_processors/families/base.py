@@ -259,6 +259,10 @@ class Family:
         """What `max_downsample="auto"` means: every transformer block works at the patch grid."""
         return 1
 
+    def block_levels(self, model: torch.nn.Module, blocks: list[torch.nn.Module]) -> list[int]:
+        """The downsample level of each of `blocks` (its tokens' grid below the model's): 1 for a transformer's."""
+        return [1] * len(blocks)
+
     def built_processor(self, model: torch.nn.Module, attn: torch.nn.Module) -> type | None:
         """The processor class `model` builds its attention module `attn` with, or None where unknown.
 
@@ -280,7 +284,8 @@ class Family:
             >>> FAMILIES["sd3"]().preset_options("balanced")["share_level"]
             True
         """
-        return {**self.defaults, **self.presets[name]}
+        # Every preset merges only where it pays (pays.py); the family's defaults (tomesd's) merge everywhere.
+        return {**self.defaults, **self.presets[name], "pays_only": True}
 
     def hinted_grid(
         self, model: torch.nn.Module, args: tuple, kwargs: dict, hint: tuple[int, int]

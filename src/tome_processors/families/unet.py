@@ -72,6 +72,19 @@ class UNetFamily(Family):
             sites.append(BlockSite(block, attentions, getattr(block, "ff", None)))
         return sites
 
+    def block_levels(self, model: torch.nn.Module, blocks: list[torch.nn.Module]) -> list[int]:
+        """Each block's downsample level, from where it sits: `down_blocks[i]` 2**i, the mid block the deepest,
+        `up_blocks[j]` mirrored; a block found in none of them, 1."""
+        down = list(getattr(model, "down_blocks", None) or ())
+        up = list(getattr(model, "up_blocks", None) or ())
+        parts = [(block, 2**i) for i, block in enumerate(down)]
+        mid = getattr(model, "mid_block", None)
+        if mid is not None and down:
+            parts.append((mid, 2 ** (len(down) - 1)))
+        parts += [(block, 2 ** (len(up) - 1 - j)) for j, block in enumerate(up)]
+        level_of = {id(module): level for part, level in parts for module in part.modules()}
+        return [level_of.get(id(block), 1) for block in blocks]
+
     def auto_downsample(self, model: torch.nn.Module) -> int:
         levels = attention_levels(model)
         return min(levels) if levels else 1
