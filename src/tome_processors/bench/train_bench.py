@@ -4,8 +4,8 @@ Every row runs `training.TrainingStep` (forward, noise-prediction MSE, backward,
 attention projections) through the bench's engine (`engine.run_benchmark`): paired interleaved rounds,
 seconds per step, speed-up against the baseline's steps around it, peak memory. The error column is the
 change of the LoRA gradients of one fixed draw (noise and timesteps from the seed) against the baseline's,
-measured after the rounds on the same weights for every row. With gradient checkpointing the rows run again
-as a second group, paired with a checkpointed baseline.
+measured after the first group's rounds on the weights the LoRA has then, the same weights for every row.
+With gradient checkpointing the rows run again as a second group, paired with a checkpointed baseline.
 
 Example:
     >>> from tome_processors.bench.run import BenchRequest
@@ -30,6 +30,7 @@ from .unet import make_inputs
 __all__ = [
     "CHECKPOINTING",
     "GRADIENT_CHANGE",
+    "GradientAnchor",
     "checkpointing_groups",
     "gradient_change_metric",
     "train_rows",
@@ -57,23 +58,53 @@ def checkpointing_groups(choice: str) -> list[bool]:
     return groups[choice]
 
 
-def gradient_change_metric(step: TrainingStep, unet: torch.nn.Module) -> Callable[[Method], dict[str, float]]:
+class GradientAnchor:
+    """The LoRA weights and plain gradients every row's gradient change is measured at, fixed at first use.
+
+    The rows of one run (both checkpointing groups) are measured on these weights, whatever steps ran between.
+    """
+
+    def __init__(self, step: TrainingStep, unet: torch.nn.Module) -> None:
+        self.step, self.unet = step, unet
+        self.weights: list[torch.Tensor] = []
+        self.reference: dict[str, torch.Tensor] = {}
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        """The LoRA gradients of the step's fixed draw at the anchored weights (anchored now if not yet)."""
+        params = self.step.params
+        if not self.weights:
+            self.weights = [p.detach().clone() for p in params]
+            self.reference = self.step.gradients(self.unet)
+        current = [p.detach().clone() for p in params]
+        _load(params, self.weights)
+        try:
+            return self.step.gradients(self.unet)
+        finally:
+            _load(params, current)
+
+
+def _load(params: Sequence[torch.nn.Parameter], values: Sequence[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for p, value in zip(params, values, strict=True):
+            p.copy_(value)
+
+
+def gradient_change_metric(anchor: GradientAnchor) -> Callable[[Method], dict[str, float]]:
     """An `extra_metrics` callable: the method's LoRA gradients of one fixed draw against the plain model's.
 
-    The plain model's gradients are computed at the first call, on the weights the LoRA has then; the rows
-    call it one after another with no step in between, so every row is measured on the same weights.
+    Both at the anchor's weights (`GradientAnchor`), so every row, in either checkpointing group, is measured
+    on the same weights.
     """
-    reference: list[dict[str, torch.Tensor]] = []
 
     def metric(method: Method) -> dict[str, float]:
-        if not reference:
-            reference.append(step.gradients(unet))
-        method.apply(unet)
+        if not anchor.weights:
+            anchor.gradients()
+        method.apply(anchor.unet)
         try:
-            grads = step.gradients(unet)
+            grads = anchor.gradients()
         finally:
-            method.remove(unet)
-        return {GRADIENT_CHANGE: 100.0 * gradient_change(grads, reference[0])}
+            method.remove(anchor.unet)
+        return {GRADIENT_CHANGE: 100.0 * gradient_change(grads, anchor.reference)}
 
     return metric
 
@@ -96,10 +127,11 @@ def train_rows(
     device, dtype = next(unet.parameters()).device, next(unet.parameters()).dtype
     inputs = make_inputs(unet, batch, bench.resolution, seed=seed, device=device, dtype=dtype)
     step = TrainingStep(unet, inputs, seed=seed, rank=LORA_RANK)
+    anchor = GradientAnchor(step, unet)
     rows: list[Row] = []
     for checkpoint in checkpointing_groups(checkpointing):
         step.gradient_checkpointing = checkpoint
-        metrics = [gradient_change_metric(step, unet), *extra_metrics]
+        metrics = [gradient_change_metric(anchor), *extra_metrics]
 
         def combined(method: Method, metrics: list = metrics) -> dict[str, float]:
             return {key: value for metric in metrics for key, value in metric(method).items()}
