@@ -79,7 +79,7 @@ def finetune(args: argparse.Namespace, preset: str | None) -> tuple[torch.nn.Mod
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             recent = losses[-args.log_every :]
             label = preset or "plain"
