@@ -9,9 +9,13 @@ presets act), from the photos the denoiser was trained on.
 
 `--lora RANK` trains a LoRA on the attention projections (`bench.training.add_lora`) instead of every weight.
 
+The two runs can go in two processes (`--run plain`, `--run tome`, each with `--json`), and `--combine` prints
+the files' table.
+
 Example:
     $ python scripts/finetune_tome.py --steps 150 --json finetune.json
     held-out loss (no ToMe at evaluation): shipped 0.0xxx, plain 0.0xxx, balanced 0.0xxx (+x.xx%)
+    $ python scripts/finetune_tome.py --combine plain.json tome.json
 """
 
 from __future__ import annotations
@@ -93,9 +97,29 @@ def finetune(args: argparse.Namespace, preset: str | None) -> tuple[torch.nn.Mod
     return unet, losses, time.perf_counter() - start
 
 
+def table(results: dict[str, dict], preset: str) -> str:
+    """The held-out losses as a markdown table, then the line comparing the two fine-tuned models."""
+    mean = {name: sum(v.values()) / len(v) for name, v in results.items()}
+    lines = ["| model | held-out loss (mean) | " + " | ".join(f"t={t}" for t in EVAL_TIMESTEPS) + " |"]
+    lines.append("|---|---|" + "---|" * len(EVAL_TIMESTEPS))
+    for name, values in results.items():
+        cells = " | ".join(f"{values[int(t)]:.5f}" for t in EVAL_TIMESTEPS)
+        lines.append(f"| {name} | {mean[name]:.5f} | {cells} |")
+    if "plain" in mean and preset in mean:
+        change = 100.0 * (mean[preset] - mean["plain"]) / mean["plain"]
+        lines += [
+            "",
+            f"held-out loss (no ToMe at evaluation): shipped {mean['shipped']:.5f}, plain {mean['plain']:.5f}, "
+            f"{preset} {mean[preset]:.5f} ({change:+.2f}% against plain)",
+        ]
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="balanced", help="the ToMe preset on during the second run")
+    parser.add_argument("--run", choices=["both", "plain", "tome"], default="both", help="which fine-tune(s) to run")
+    parser.add_argument("--combine", nargs="+", default=None, metavar="JSON", help="print the runs of these files")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--crop", type=int, default=64, help="side of the training crops (64: 4,096 top-level tokens)")
@@ -108,42 +132,36 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.combine:
+        results: dict[str, dict] = {}
+        for path in args.combine:
+            record = json.loads(Path(path).read_text())
+            results.update({k: {int(t): v for t, v in r.items()} for k, r in record["heldout_loss"].items()})
+        print(table(results, args.preset))
+        return
 
     crops = heldout_crops(64, args.eval_crops, seed=0)
     shipped, scheduler = load_denoiser("unet")
     results = {"shipped": heldout_loss(shipped, scheduler, crops, args.seed + 1)}
     runs = {}
-    for preset in (None, args.preset):
+    presets = {"both": (None, args.preset), "plain": (None,), "tome": (args.preset,)}[args.run]
+    for preset in presets:
         unet, losses, wall = finetune(args, preset)
         label = preset or "plain"
         results[label] = heldout_loss(unet, scheduler, crops, args.seed + 1)
-        runs[label] = {"train_loss_last_25": sum(losses[-25:]) / len(losses[-25:]), "wall_s": round(wall, 1)}
+        runs[label] = {"train_loss_last_20": sum(losses[-20:]) / len(losses[-20:]), "wall_s": round(wall, 1)}
         if preset is not None:  # also how the ToMe-trained model does with ToMe on (as it was trained)
             apply_tome(unet, preset=preset)
             results[f"{label}, ToMe on at evaluation"] = heldout_loss(unet, scheduler, crops, args.seed + 1)
             remove_tome(unet)
-
-    mean = {name: sum(v.values()) / len(v) for name, v in results.items()}
-    change = 100.0 * (mean[args.preset] - mean["plain"]) / mean["plain"]
     print()
-    print("| model | held-out loss (mean) | " + " | ".join(f"t={t}" for t in EVAL_TIMESTEPS) + " |")
-    print("|---|---|" + "---|" * len(EVAL_TIMESTEPS))
-    for name, values in results.items():
-        cells = " | ".join(f"{values[t]:.5f}" for t in EVAL_TIMESTEPS)
-        print(f"| {name} | {mean[name]:.5f} | {cells} |")
-    print()
-    print(
-        f"held-out loss (no ToMe at evaluation): shipped {mean['shipped']:.5f}, plain {mean['plain']:.5f}, "
-        f"{args.preset} {mean[args.preset]:.5f} ({change:+.2f}% against plain)"
-    )
+    print(table(results, args.preset))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     record = {
         "command": "python " + " ".join(sys.argv),
         "commit": commit,
         "args": vars(args),
-        "heldout_loss_mean": mean,
-        "heldout_loss_per_timestep": results,
-        "change_percent": change,
+        "heldout_loss": results,
         "runs": runs,
         "machine": f"{platform.platform()}; {platform.processor()}",
         "torch": torch.__version__,
