@@ -130,7 +130,8 @@ def build_model(
         frames: a video architecture's clip: wan's pixel frames (default its clip of `dit.VIDEO_DEFAULTS`), or
             svd's frames per clip (default the model's `num_frames`, 14).
         width: wan's clip width (`resolution` is the height).
-        layers: for a diffusion-transformer `arch` (wan too), at most that many blocks per block list.
+        layers: for a diffusion-transformer `arch` (wan too), at most that many blocks per block list; for a UNet
+            `arch`, at most that many layers per block (`unet.unet_config`).
         prompt: with `pipeline` for qwenimage or flux2: the prompt the generations will send (their tokenizers
             learn its words, `image_pipelines.write_bpe_tokenizer`).
 
@@ -157,8 +158,9 @@ def build_model(
         name = arch or "sd15"
         if quick:
             name = "tiny-sdxl" if name == "sdxl" else "tiny"
-        net = cast(build_unet(name, seed=seed), device, dtype)
-        description = f"{name} architecture, random weights"
+        net = cast(build_unet(name, seed=seed, layers=layers), device, dtype)
+        depth = f", {net.config.layers_per_block} layers per block" if layers is not None else ""
+        description = f"{name} architecture{depth}, random weights"
     elif pipeline:
         pipe = DiffusionPipeline.from_pretrained(model, dtype=dtype).to(device)
         net, description = target_models(pipe)[0].eval(), model

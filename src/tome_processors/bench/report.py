@@ -74,8 +74,11 @@ def _extra_keys(rows: Sequence[Row]) -> list[str]:
     return keys
 
 
-def markdown_table(rows: Sequence[Row]) -> str:
+def markdown_table(rows: Sequence[Row], unit: str = "forward", error: str = "error %") -> str:
     """A markdown table, one line per row; `Row.extra` metrics become extra columns.
+
+    `unit` names what one timed run is (`s/forward`, or `s/step` for training steps) and `error` the
+    column `Row.rel_error` is shown in.
 
     Example:
         >>> from tome_processors.bench.engine import Row
@@ -86,9 +89,11 @@ def markdown_table(rows: Sequence[Row]) -> str:
         | baseline | - | 1.500 | 1.500 | 1.00x | - | 0.00 | - | - |
         | ours | 0.5 | 1.200 | 1.500 | 1.25x | 1.10-1.30x | 3.00 | - | - |
     """
-    extra = _extra_keys(rows)
+    extra = [key for key in _extra_keys(rows) if key != error]
     host = [(title, key) for title, key in _HOST_COLUMNS if any(getattr(row, key) is not None for row in rows)]
-    header = [*_COLUMNS, *(title for title, _ in host), *extra]
+    renamed = {"s/forward": f"s/{unit}", "baseline s/forward": f"baseline s/{unit}", "error %": error}
+    columns = [renamed.get(c, c) for c in _COLUMNS]
+    header = [*columns, *(title for title, _ in host), *extra]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [

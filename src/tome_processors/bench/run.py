@@ -37,8 +37,12 @@ from .models import BenchModel, build_model
 from .profiling import save_profile_report
 from .quality import TRAINED_COLUMNS, bench_denoiser, trained_quality_metrics
 from .report import markdown_table, meta_lines, save_json, save_plot
+from .train_bench import CHECKPOINTING, GRADIENT_CHANGE, train_rows, training_meta
 
-__all__ = ["BenchRequest", "run_bench"]
+__all__ = ["TRAIN_ARCHITECTURES", "BenchRequest", "run_bench"]
+
+#: The architectures `train=True` builds (UNets: a LoRA on their attention projections).
+TRAIN_ARCHITECTURES = ("sd15", "sd2", "sdxl")
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,10 @@ class BenchRequest:
         frames: a video architecture's clip: pixel frames (wan, wan-i2v, ...) or frames per clip (svd); None: the
             model's.
         width: a video transformer's clip width in pixels (`resolution` its height).
-        layers: a diffusion-transformer `arch` (wan too) with at most that many blocks per block list (None: all).
+        layers: a diffusion-transformer `arch` (wan too) with at most that many blocks per block list, a UNet `arch`
+            with at most that many layers per block (None: all).
+        train: time LoRA training steps instead of forwards (`train_bench.train_rows`; UNets only).
+        gradient_checkpointing: with `train`, `"off"`, `"on"` or `"both"` (`train_bench.CHECKPOINTING`).
         command: the command line, for the metadata.
     """
 
@@ -113,6 +120,8 @@ class BenchRequest:
     frames: int | None = None
     width: int | None = None
     layers: int | None = None
+    train: bool = False
+    gradient_checkpointing: str = "off"
     command: str = "tome-processors bench"
 
 
@@ -130,6 +139,7 @@ def run_bench(request: BenchRequest) -> int:
         raise ValueError(
             f"Expected profile_path={request.profile_path!r} only without pipeline=True (it profiles single forwards)."
         )
+    _check_training(request)
     started = time.perf_counter()
     if request.threads is not None:
         torch.set_num_threads(request.threads)
@@ -190,7 +200,32 @@ def run_bench(request: BenchRequest) -> int:
         compile_backend=request.compile_backend,
     )
     prepared = _Prepared(bench, methods, settings, device, dtype, started)
+    if request.train:
+        return _run_training(request, prepared)
     return _run_pipeline(request, prepared) if request.pipeline else _run_forwards(request, prepared)
+
+
+def _check_training(request: BenchRequest) -> None:
+    """What `train=True` cannot be combined with, before anything is built."""
+    if request.gradient_checkpointing not in CHECKPOINTING:
+        raise ValueError(
+            f"Expected gradient_checkpointing among {list(CHECKPOINTING)}, but got {request.gradient_checkpointing!r}."
+        )
+    if not request.train:
+        if request.gradient_checkpointing != "off":
+            raise ValueError("Expected gradient_checkpointing only with train=True, but got it without.")
+        return
+    unsupported = {
+        "pipeline": request.pipeline,
+        "compile": request.compile is not None,
+        "profile_path": request.profile_path is not None,
+        "plot_path": request.plot_path is not None,
+    }
+    for name, given in unsupported.items():
+        if given:
+            raise ValueError(f"Expected train=True without {name}, but got both.")
+    if request.model is None and (request.arch or "sd15") not in TRAIN_ARCHITECTURES:
+        raise ValueError(f"Expected train=True with a UNet arch {TRAIN_ARCHITECTURES}, but got {request.arch!r}.")
 
 
 class _Prepared(NamedTuple):
@@ -245,6 +280,36 @@ def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
         title = f"{bench.description}, {bench.resolution} px, batch {request.batch}, {meta['dtype']} on {device.type}"
         error_key = TRAINED_COLUMNS[denoiser][0] if trained and request.plot_error == "trained" else None
         print(f"plot: {save_plot(rows, request.plot_path, title, error_key=error_key)}")
+    return 0
+
+
+def _run_training(request: BenchRequest, run: _Prepared) -> int:
+    """LoRA training steps: the rows (per checkpointing group), the table and the JSON."""
+    bench, methods, settings, device, dtype, started = run
+    if bench.family is None or bench.family.name != "unet":
+        raise ValueError(f"Expected a UNet for train=True, but got {type(bench.model).__name__}.")
+    metrics = []
+    if request.trained_quality:
+        if importlib.util.find_spec("skimage") is None:
+            print('note: the trained-denoiser columns need scikit-image: pip install "tome-processors[bench]".')
+        else:
+            metrics.append(trained_quality_metrics(bench_denoiser(bench.family)))
+    rows = train_rows(
+        bench,
+        methods,
+        settings,
+        request.batch or 2,
+        request.seed,
+        checkpointing=request.gradient_checkpointing,
+        extra_metrics=metrics,
+    )
+    meta = _meta(request, device, dtype, bench, started)
+    meta.update(training_meta(request.gradient_checkpointing))
+    print(markdown_table(rows, unit="step", error=GRADIENT_CHANGE))
+    print()
+    print(meta_lines(meta))
+    if request.json_path:
+        print(f"JSON: {save_json(rows, meta, request.json_path)}")
     return 0
 
 

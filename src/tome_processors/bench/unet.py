@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from diffusers import UNet2DConditionModel
 
-__all__ = ["ARCHITECTURES", "UNetInputs", "build_unet", "load_unet", "make_inputs"]
+__all__ = ["ARCHITECTURES", "UNetInputs", "build_unet", "load_unet", "make_inputs", "unet_config"]
 
 _SD15: dict[str, Any] = dict(
     sample_size=64,
@@ -90,17 +90,38 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
 TEXT_TOKENS = 77
 
 
-def build_unet(arch: str, seed: int = 0) -> UNet2DConditionModel:
+def unet_config(arch: str, layers: int | None = None) -> dict[str, Any]:
+    """The `UNet2DConditionModel` config of the named architecture, with at most `layers` layers per block.
+
+    `layers` keeps the widths, heads and levels and cuts `layers_per_block` (resnets, and the attention
+    that follows each, per down block; one more per up block), so every level keeps its share of the work.
+
+    Example:
+        >>> unet_config("sd15", layers=1)["layers_per_block"], unet_config("sd15")["layers_per_block"]
+        (1, 2)
+    """
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"Expected arch among {sorted(ARCHITECTURES)}, but got {arch!r}.")
+    config = dict(ARCHITECTURES[arch])
+    if layers is not None:
+        if not (isinstance(layers, int) and layers >= 1):
+            raise ValueError(f"Expected layers to be None or an integer >= 1, but got {layers!r}.")
+        config["layers_per_block"] = min(int(config["layers_per_block"]), layers)
+    return config
+
+
+def build_unet(arch: str, seed: int = 0, layers: int | None = None) -> UNet2DConditionModel:
     """A UNet of the named architecture with random weights (seeded), in eval mode.
+
+    `layers`: at most that many layers per block (`unet_config`), at the real width.
 
     Example:
         >>> tuple(build_unet("tiny").config.block_out_channels)
         (32, 64)
     """
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"Expected arch among {sorted(ARCHITECTURES)}, but got {arch!r}.")
+    config = unet_config(arch, layers)
     torch.manual_seed(seed)
-    return UNet2DConditionModel(**ARCHITECTURES[arch]).eval()
+    return UNet2DConditionModel(**config).eval()
 
 
 def load_unet(model: str, dtype: torch.dtype | None = None) -> UNet2DConditionModel:

@@ -17,6 +17,7 @@ Example:
     $ tome-processors bench --pipeline --quick --arch wan --steps 2   # whole videos: seconds per video (ltx, wan-i2v)
     $ tome-processors bench --pipeline --quick --arch qwenimage --steps 2   # flux2, chroma, zimage too
     $ tome-processors bench --arch hunyuanvideo15 --layers 1 --frames 33   # also wan-i2v, ltx2, hunyuanvideo
+    $ tome-processors bench --train --resolution 768 --layers 1 --presets balanced   # LoRA training steps
 
 With `--pipeline` it times whole generations instead (text encoder, every denoising step, VAE decode) on the
 architecture's pipeline with random weights, or on `--model`'s: seconds per image (per video with `--arch
@@ -39,7 +40,8 @@ from ..bench.image_pipelines import IMAGE_PIPELINE_ARCHITECTURES
 from ..bench.image_to_video import missing_requirements
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES
 from ..bench.pipelines import TEXT_ENCODER_SIZES
-from ..bench.run import BenchRequest, run_bench
+from ..bench.run import TRAIN_ARCHITECTURES, BenchRequest, run_bench
+from ..bench.train_bench import CHECKPOINTING
 from ..bench.video_pipelines import CLIP_MULTIPLES
 from ..config import PRESETS, ToMeConfig
 
@@ -78,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="a transformer --arch (wan too) at its real width with at most this many blocks per block list; "
-        "ratios are per block",
+        "ratios are per block. A UNet --arch (sd15, sd2, sdxl): at most this many layers per block",
     )
     video = parser.add_argument_group(f"video models (--arch {', '.join(VIDEO_ARCHITECTURES)}, svd)")
     video.add_argument(
@@ -96,6 +98,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what.add_argument(
         "--batch", type=int, default=None, help="UNet batch size (default 2 = one image with CFG); not with --pipeline"
+    )
+    what.add_argument(
+        "--train",
+        action="store_true",
+        help="time LoRA training steps (forward, loss, backward, AdamW step of a LoRA on the attention projections) "
+        "instead of forwards; UNet architectures (sd15, sd2, sdxl) or a --model UNet",
+    )
+    what.add_argument(
+        "--gradient-checkpointing",
+        nargs="?",
+        const="both",
+        default=None,
+        choices=CHECKPOINTING,
+        help="with --train: the rows with the UNet's gradient checkpointing (on), without (off, the default) or "
+        "both groups (both; the default when given without a value)",
     )
     what.add_argument(
         "--full",
@@ -254,8 +271,10 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
     if args.frames is not None and args.arch not in ("svd", *VIDEO_ARCHITECTURES):
         videos = ", ".join(VIDEO_ARCHITECTURES)
         fail(f"Expected --frames only with a video --arch ({videos}, svd), but got --arch {args.arch}.")
-    if args.layers is not None and args.arch not in ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS):
-        fail(f"Expected --layers with a diffusion-transformer --arch, but got --arch {args.arch}.")
+    layered = ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS, *TRAIN_ARCHITECTURES)
+    if args.layers is not None and (args.model is not None or (args.arch or "sd15") not in layered):
+        fail(f"Expected --layers with a diffusion-transformer or UNet --arch, but got --arch {args.arch}.")
+    _check_train(args, fail)
     if args.pipeline and args.arch in _FORWARD_ONLY:
         archs = ", ".join(["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "wan", "wan-i2v", "ltx"])
         fail(
@@ -299,6 +318,24 @@ def _check_video(args: argparse.Namespace, fail: Any) -> None:
             f"Expected --resolution to be a multiple of 16 for --arch hunyuanvideo15 (its VAE's stride in space), "
             f"but got {args.resolution}."
         )
+
+
+def _check_train(args: argparse.Namespace, fail: Any) -> None:
+    """The combinations `--train` cannot run."""
+    if not args.train:
+        if args.gradient_checkpointing is not None:
+            fail("Expected --gradient-checkpointing only with --train, but got it without.")
+        return
+    for option, given in (
+        ("--pipeline", args.pipeline),
+        ("--compile", args.compile is not None),
+        ("--profile", args.profile is not None),
+        ("--plot", args.plot is not None),
+    ):
+        if given:
+            fail(f"Expected --train without {option}, but got both.")
+    if args.model is None and (args.arch or "sd15") not in TRAIN_ARCHITECTURES:
+        fail(f"Expected --train with a UNet --arch ({', '.join(TRAIN_ARCHITECTURES)}), but got --arch {args.arch}.")
 
 
 def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
@@ -387,6 +424,8 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         guidance_scale=args.guidance_scale,
         frames=args.frames,
         width=args.width,
+        train=args.train,
+        gradient_checkpointing=args.gradient_checkpointing or "off",
         command="tome-processors " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
     )
 
