@@ -156,8 +156,10 @@ class ModelState:
         """
         if self.config.recompute_every > 1 and marker is not None:
             self._follow_generation(marker)
-        if self.latent_hw is not None and (latent_hw, frames) != (self.latent_hw, self.frames):
-            self.kept.clear()  # another image size: merges kept for reuse no longer fit
+        # Another image size: merges kept for reuse no longer fit. (`kept` first: nothing is kept in a compiled
+        # forward, and the last forward's size read there would be a guard that the next forward fails.)
+        if self.kept and self.latent_hw is not None and (latent_hw, frames) != (self.latent_hw, self.frames):
+            self.kept.clear()
         self.latent_hw = latent_hw
         self.frames = frames
         self.tail = tail

@@ -138,7 +138,7 @@ class ModelHooks:
         marker = family.generation_marker(args, kwargs) if state.config.recompute_every > 1 else None
         # A video family's grid is `(frames, h, w)`.
         frames = grid[0] if len(grid) == 3 else 1
-        if not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames) and not is_compiling():
+        if not is_compiling() and not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames):
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         tail = family.trailing_tokens(args, kwargs, grid)
         state.begin(grid[-2:], family.timestep(args, kwargs), value, marker, frames, tail)

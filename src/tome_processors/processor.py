@@ -18,7 +18,7 @@ from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnP
 
 from ._similarity import is_compiling
 from .arguments import argument
-from .attach import PassedThrough, built_processor_for_call, slot_for_call
+from .attach import PassedThrough, built_processor_for_call, slot_for_call, watch_compiles
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
 from .families import Layout, class_default_processor
@@ -174,6 +174,7 @@ class ToMeProcessor(torch.nn.Module):
         self._passed_through = PassedThrough()
         self._built = _BuiltProcessors()  # without an inner processor: what runs on those modules
         self._sdpa = AttnProcessor2_0() if inner is None else None  # ... under torch.compile on `Attention`
+        watch_compiles()  # a model compiled before any call attaches before its first trace (attach.py)
 
     def __getstate__(self) -> dict:
         # `__call__` is bound to this processor: made again from the signature (`pickle` would bind it to
@@ -185,6 +186,7 @@ class ToMeProcessor(torch.nn.Module):
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         self.__dict__["__call__"] = _signed_call(self, self._signature)
+        watch_compiles()
 
     def extra_repr(self) -> str:
         inner = type(self.inner).__name__ if self.inner is not None else "each module's own"
@@ -273,12 +275,25 @@ class ToMeProcessor(torch.nn.Module):
                 self._built.set(attn, inner)
             # Only what that processor takes: this one's signature is the union of several (`_union_signature`).
             return inner(attn, hidden_states, *args, **_accepted(inner, kwargs))
+        current = getattr(attn, "processor", None)
+        if is_compiling() and isinstance(current, ToMeProcessor) and current._inner_processor() is not None:
+            wrapper = current  # replaced when the context was attached outside the graph (attach.py)
+        elif is_compiling():
+            wrapper = self._built_wrapper(attn, slot)
+        else:  # from now on this module holds what `apply_tome` would have set
+            wrapper = self.replace_built(attn, slot)
+        return wrapper(attn, hidden_states, *args, **_accepted(wrapper.inner, kwargs))
+
+    def _built_wrapper(self, attn: torch.nn.Module, slot: AttentionSlot) -> ToMeProcessor:
         config = slot.block.model.config if self._takes_model_config else self.config
-        inner = self.built_inner(attn, slot.built_with)
-        wrapper = ToMeProcessor(inner, config)
-        if not is_compiling():  # from now on this module holds what `apply_tome` would have set
-            attn.set_processor(wrapper)
-        return wrapper(attn, hidden_states, *args, **_accepted(inner, kwargs))
+        return ToMeProcessor(self.built_inner(attn, slot.built_with), config)
+
+    def replace_built(self, attn: torch.nn.Module, slot: AttentionSlot) -> ToMeProcessor:
+        """Set on `attn` (merged, at `slot`) what this processor without an inner one runs there: a
+        `ToMeProcessor` around the processor `attn` is built with, as `apply_tome` would have set. Returns it."""
+        wrapper = self._built_wrapper(attn, slot)
+        attn.set_processor(wrapper)
+        return wrapper
 
     def _merge_for(
         self,
