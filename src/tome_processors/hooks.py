@@ -37,7 +37,7 @@ from ._similarity import is_compiling
 from .arguments import argument
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot, BlockState, HostSchedule, ModelState
-from .families import BlockSite, Family, Span, attention_levels, class_default_processor, family_of
+from .families import BlockSite, Family, Layout, Span, attention_levels, class_default_processor, family_of
 from .keeper import ProcessorKeeper, all_unwrapped
 from .merge import release_buffers
 
@@ -296,6 +296,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
         needs_row_token=family.needs_row_token,
         rotary=family.rotary,
         masks_text_only=family.masks_text_only,
+        one_grid=_one_grid(model, family),
     )
     context = ModelHooks(model, state, family, processor_type)
     context.watched = attention_modules(model)
@@ -309,6 +310,12 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
     context.keeper.install()
     logger.debug("ToMe hooks on %s (%s): %d blocks", type(model).__name__, family.name, len(context.blocks))
     return context
+
+
+def _one_grid(model: torch.nn.Module, family: Family) -> bool:
+    """Whether every block of `model` merges the latent's token grid alone (`ModelState.one_grid`)."""
+    layouts = {attention.layout for site in family.blocks(model) for attention in site.attentions}
+    return not attention_levels(model) and layouts <= {Layout.IMAGE, Layout.ROTARY}
 
 
 def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockSite | None = None) -> None:
@@ -327,6 +334,7 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
     if site is not None and latent_hw is not None:
         hidden_states = site.metric(hidden_states, latent_hw[0] * latent_hw[1], model.tail)
     block_state.metric = hidden_states
+    block_state.prepare()
 
 
 def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState, config: ToMeConfig) -> None:

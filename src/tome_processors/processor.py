@@ -10,7 +10,7 @@ import weakref
 from typing import Any
 
 import torch
-from diffusers.models.attention_processor import AttnProcessor2_0, JointAttnProcessor2_0
+from diffusers.models.attention_processor import AttnProcessor2_0, FusedAttnProcessor2_0, JointAttnProcessor2_0
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from diffusers.models.transformers.transformer_ltx2 import LTX2PerturbedAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
@@ -173,7 +173,8 @@ class ToMeProcessor(torch.nn.Module):
         # Attention modules where this processor, set without `apply_tome`, found nothing to attach to.
         self._passed_through = PassedThrough()
         self._built = _BuiltProcessors()  # without an inner processor: what runs on those modules
-        self._sdpa = AttnProcessor2_0() if inner is None else None  # ... under torch.compile on `Attention`
+        # Under torch.compile on `Attention` without an inner processor, and pooled keys around a fused one.
+        self._sdpa = AttnProcessor2_0() if inner is None or isinstance(inner, FusedAttnProcessor2_0) else None
         watch_compiles()  # a model compiled before any call attaches before its first trace (attach.py)
 
     def __getstate__(self) -> dict:
@@ -249,12 +250,20 @@ class ToMeProcessor(torch.nn.Module):
             return run_with_text(self, slot, attn, hidden_states, args, kwargs)
         if self.config.mode == "downsample_kv":
             keys_values = self._pooled_keys_values(slot, hidden_states, args, kwargs)
-            if keys_values is not None:  # self-attention over pooled keys/values: K, V = f(pooled)
-                if args:
-                    args = (keys_values, *args[1:])
-                else:
-                    kwargs = {**kwargs, "encoder_hidden_states": keys_values}
-            return self.inner(attn, hidden_states, *args, **kwargs)
+            if keys_values is None:
+                return self.inner(attn, hidden_states, *args, **kwargs)
+            # Self-attention over pooled keys/values: K, V = f(pooled).
+            if args:
+                args = (keys_values, *args[1:])
+            else:
+                kwargs = {**kwargs, "encoder_hidden_states": keys_values}
+            inner = self.inner
+            if self._sdpa is not None and getattr(attn, "to_kv", None) is None:
+                # The fused processor projects other tokens with `to_kv`, which a fused self-attention lacks (it
+                # has `to_qkv`): its queries come from the tokens and its keys from the pooled ones, so the fused
+                # projection cannot serve; its `to_q`, `to_k`, `to_v` hold the same weights.
+                inner = self._sdpa
+            return inner(attn, hidden_states, *args, **kwargs)
         merge = self._merge_for(slot, hidden_states, args, kwargs)
         if merge is None:
             return self.inner(attn, hidden_states, *args, **kwargs)
