@@ -44,10 +44,30 @@ def turn_on(pipe, how: str, preset: str) -> None:
         pipe.unet.set_attn_processor(ToMeProcessor(config=ToMeConfig.for_model(pipe.unet, preset)))
 
 
-@pytest.mark.parametrize("fuse_first", [False, True], ids=["fuse-after", "fuse-before"])
-@pytest.mark.parametrize("preset", ["exact", "balanced", "fast"])
-@pytest.mark.parametrize("how", [*TOME_USAGES, "apply_tome(unet)"])
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+#: Every family, way in, preset and order; the quick loop runs a few of each kind (the rest are marked slow).
+QUICK = {("sd", how, "exact", False) for how in (*TOME_USAGES, "apply_tome(unet)")} | {
+    ("sd", "apply_tome", "balanced", True),
+    ("sd", "set_attn_processor", "fast", False),
+    ("animatediff", "apply_tome", "exact", False),
+    ("animatediff", "enable_tome", "balanced", True),
+}
+FUSE_CASES = [
+    pytest.param(
+        family,
+        how,
+        preset,
+        fuse_first,
+        id=f"{family}-{how}-{preset}-{'fuse-before' if fuse_first else 'fuse-after'}",
+        marks=() if (family, how, preset, fuse_first) in QUICK else pytest.mark.slow,
+    )
+    for family in sorted(FAMILIES)
+    for how in (*TOME_USAGES, "apply_tome(unet)")
+    for preset in ("exact", "balanced", "fast")
+    for fuse_first in (False, True)
+]
+
+
+@pytest.mark.parametrize(("family", "how", "preset", "fuse_first"), FUSE_CASES)
 def test_pipeline_fuse_qkv_projections_keeps_tome_on_with_every_preset(
     family, how, preset, fuse_first, tmp_path, one_thread
 ):
