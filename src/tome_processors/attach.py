@@ -110,13 +110,19 @@ def _attach_outside_graph(
     it): dynamo breaks the graph here and runs this eagerly, on the real frames of the module calls (the
     model's and its blocks' `_call_impl`), so this call merges too. The processors without an inner one are
     then replaced at once (eager calls do it module by module): later graphs hold no processor made in them."""
-    watch_compiles()
+    watch_compiles(processor_type)
     return _attach_from_stack(attn, config, processor_type, passed_through, replace_built=True)
 
 
-def watch_compiles() -> None:
+#: The processor classes whose instances `_attach_before_tracing` looks for (`watch_compiles`).
+_WATCHED: set[type] = set()
+
+
+def watch_compiles(processor_type: type) -> None:
     """Have dynamo call `_attach_before_tracing` whenever it starts compiling a frame (once per process, and
-    again after `torch._dynamo.reset()`, which forgets it): called by every `ToMeProcessor` made."""
+    again after `torch._dynamo.reset()`, which forgets it), for models holding processors of `processor_type`:
+    called by every `ToMeProcessor` made."""
+    _WATCHED.add(processor_type)
     handler = getattr(torch._dynamo, "callback_handler", None)
     if handler is not None and _attach_before_tracing not in handler.start_callbacks:
         handler.register_start_callback(_attach_before_tracing)
@@ -150,12 +156,11 @@ def _attach_before_tracing(*_: object) -> None:
 
 def _pending_processor(model: torch.nn.Module, family: Any) -> tuple[torch.nn.Module, Any] | None:
     """The first attention module of `model`'s blocks that holds a ToMe processor, and that processor, or None."""
-    from .processor import ToMeProcessor  # here: processor.py imports this module
-
+    kinds = tuple(_WATCHED)
     for site in family.blocks(model):
         for attention in site.attentions:
             processor = getattr(attention.module, "processor", None)
-            if isinstance(processor, ToMeProcessor):
+            if isinstance(processor, kinds):
                 return attention.module, processor
     return None
 

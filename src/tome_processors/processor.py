@@ -175,7 +175,7 @@ class ToMeProcessor(torch.nn.Module):
         self._built = _BuiltProcessors()  # without an inner processor: what runs on those modules
         # Under torch.compile on `Attention` without an inner processor, and pooled keys around a fused one.
         self._sdpa = AttnProcessor2_0() if inner is None or isinstance(inner, FusedAttnProcessor2_0) else None
-        watch_compiles()  # a model compiled before any call attaches before its first trace (attach.py)
+        watch_compiles(type(self))  # a model compiled before any call attaches before its first trace (attach.py)
 
     def __getstate__(self) -> dict:
         # `__call__` is bound to this processor: made again from the signature (`pickle` would bind it to
@@ -187,7 +187,7 @@ class ToMeProcessor(torch.nn.Module):
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         self.__dict__["__call__"] = _signed_call(self, self._signature)
-        watch_compiles()
+        watch_compiles(type(self))
 
     def extra_repr(self) -> str:
         inner = type(self.inner).__name__ if self.inner is not None else "each module's own"
