@@ -8,10 +8,15 @@ blocks hold this attention module gets the merge context (as `apply_tome` would 
 this forward's context is started from the arguments that model and the block were called with,
 so the first forward merges exactly as `apply_tome` would have (positional or keyword calls alike).
 
-Nothing runs before a processor's first call and nothing process-wide is installed. Where no such
-model is found inside a diffusers model's forward (the VAE's attention), the attention module is
-remembered and passed straight through from then on. Under `torch.compile` nothing is attached
-(hooks cannot be added inside a traced graph): run one forward eagerly first, or use `apply_tome`.
+Nothing runs before a processor's first call. Where no such model is found inside a diffusers model's
+forward (the VAE's attention), the attention module is remembered and passed straight through from then
+on. A compiled model's first call is traced, not run, and hooks cannot be added inside a traced graph:
+so the first `ToMeProcessor` made registers one function with dynamo's compile-start callbacks, the
+only thing ToMe installs process-wide. When dynamo starts compiling a frame inside such a model (the
+whole model, or one of its blocks), it attaches the context from the real frames of the calls that led
+there, before anything is traced: the first compiled call merges as an eager one, in one graph. Where
+dynamo forgot that function (`torch._dynamo.reset()` after the processor was made), the processor's
+first compiled call attaches outside the graph (one graph break, at that call).
 
 The block being called while the context is attached had no pre-hook this forward (its metric is
 set here) and gets no post-hook either: its tensors are held until its next forward, a reset
@@ -26,6 +31,7 @@ import threading
 import warnings
 import weakref
 from types import FrameType
+from typing import Any
 
 import torch
 from diffusers import ModelMixin
@@ -64,19 +70,99 @@ def slot_for_call(
     """The slot of `attn` once the merge context is attached to the model being called, or None.
 
     Called by a processor of `processor_type` with `config`, set on `attn`, which has no slot.
-    Returns None (pass straight through) under `torch.compile`, outside a model's forward, and
-    where the model does not merge `attn`; in the last case `attn` is added to `passed_through`.
+    Returns None (pass straight through) outside a model's forward, and where the model does not merge
+    `attn`; in the last case `attn` is added to `passed_through`.
     """
-    if is_compiling() or attn in passed_through:
+    if attn in passed_through:
         return None
+    if is_compiling():
+        return _attach_outside_graph(attn, config, processor_type, passed_through)
+    return _attach_from_stack(attn, config, processor_type, passed_through)
+
+
+def _attach_from_stack(
+    attn: torch.nn.Module,
+    config: ToMeConfig,
+    processor_type: type,
+    passed_through: PassedThrough,
+    replace_built: bool = False,
+) -> AttentionSlot | None:
     calls = _module_calls(sys._getframe(1))
     with _lock:
         slot = getattr(attn, SLOT_ATTR, None)  # another thread may have attached meanwhile
         if slot is None:
-            slot = _attach(attn, config, processor_type, calls)
+            slot = _attach(attn, config, processor_type, calls, replace_built)
         if slot is None and any(isinstance(module, ModelMixin) for module, _, _ in calls):
             passed_through.add(attn)  # the VAE's attention, temporal attention, ...: never merged here
     return slot
+
+
+@torch.compiler.disable(
+    reason="ToMe attaches its merge context here, at the first compiled call of a ToMeProcessor set with "
+    "set_attn_processor, outside the graph: it could not before tracing, as torch._dynamo.reset() ran after the "
+    "processor was made. With fullgraph=True, make the processor after the reset, call apply_tome(model) "
+    "before torch.compile, or run one forward eagerly first."
+)
+def _attach_outside_graph(
+    attn: torch.nn.Module, config: ToMeConfig, processor_type: type, passed_through: PassedThrough
+) -> AttentionSlot | None:
+    """`_attach_from_stack` for a compiled call that `_attach_before_tracing` did not see coming (dynamo forgot
+    it): dynamo breaks the graph here and runs this eagerly, on the real frames of the module calls (the
+    model's and its blocks' `_call_impl`), so this call merges too. The processors without an inner one are
+    then replaced at once (eager calls do it module by module): later graphs hold no processor made in them."""
+    watch_compiles(processor_type)
+    return _attach_from_stack(attn, config, processor_type, passed_through, replace_built=True)
+
+
+#: The processor classes whose instances `_attach_before_tracing` looks for (`watch_compiles`).
+_WATCHED: set[type] = set()
+
+
+def watch_compiles(processor_type: type) -> None:
+    """Have dynamo call `_attach_before_tracing` whenever it starts compiling a frame (once per process, and
+    again after `torch._dynamo.reset()`, which forgets it), for models holding processors of `processor_type`:
+    called by every `ToMeProcessor` made."""
+    _WATCHED.add(processor_type)
+    handler = getattr(torch._dynamo, "callback_handler", None)
+    if handler is not None and _attach_before_tracing not in handler.start_callbacks:
+        handler.register_start_callback(_attach_before_tracing)
+
+
+def _attach_before_tracing(*_: object) -> None:
+    """Attach the merge context, before dynamo traces anything, to the model being called whose attention
+    modules hold ToMe processors set with `set_attn_processor` and no context yet.
+
+    A compiled model's first call is traced, not run, so its processors cannot attach while it runs. Dynamo
+    compiles a frame only when it has none that fits, before tracing it, from the real frames of the calls
+    that led to it (the model's `_call_impl`): the frames it is about to trace find the context in place, and
+    the first compiled call merges as an eager one, in one graph. It costs a walk of the stack per frame
+    compiled, and one of the model's modules while it has ToMe processors and no context.
+    """
+    calls = _module_calls(sys._getframe(1))
+    for model, _, _ in calls:
+        if not isinstance(model, ModelMixin) or context_of(model) is not None:
+            continue
+        family = find_family(model)
+        if family is None:
+            continue
+        pending = _pending_processor(model, family)
+        if pending is not None:
+            attn, processor = pending
+            with _lock:
+                if getattr(attn, SLOT_ATTR, None) is None:
+                    _attach(attn, processor.config, type(processor), calls, replace_built=True)
+            return
+
+
+def _pending_processor(model: torch.nn.Module, family: Any) -> tuple[torch.nn.Module, Any] | None:
+    """The first attention module of `model`'s blocks that holds a ToMe processor, and that processor, or None."""
+    kinds = tuple(_WATCHED)
+    for site in family.blocks(model):
+        for attention in site.attentions:
+            processor = getattr(attention.module, "processor", None)
+            if isinstance(processor, kinds):
+                return attention.module, processor
+    return None
 
 
 def built_processor_for_call(attn: torch.nn.Module) -> type | None:
@@ -109,7 +195,9 @@ def _module_calls(frame: FrameType | None) -> list[tuple[torch.nn.Module, tuple,
     return calls
 
 
-def _attach(attn: torch.nn.Module, config: ToMeConfig, processor_type: type, calls: list) -> AttentionSlot | None:
+def _attach(
+    attn: torch.nn.Module, config: ToMeConfig, processor_type: type, calls: list, replace_built: bool = False
+) -> AttentionSlot | None:
     for model, args, kwargs in calls:
         if not isinstance(model, ModelMixin):
             continue
@@ -134,6 +222,11 @@ def _attach(attn: torch.nn.Module, config: ToMeConfig, processor_type: type, cal
         for module, block_args, block_kwargs in calls:
             if module is site.module and block_state is not None:
                 enter_block(block_state, block_args, block_kwargs, site)
+        if replace_built:
+            for module in context.slotted:
+                processor = getattr(module, "processor", None)
+                if isinstance(processor, processor_type) and processor.inner is None:
+                    processor.replace_built(module, getattr(module, SLOT_ATTR))
         logger.debug("ToMe attached to %s at its first forward", type(model).__name__)
         return getattr(attn, SLOT_ATTR, None)
     return None

@@ -60,6 +60,9 @@ class ModelState:
         rotary: how the family's processors receive rotary positions (`families.Rotary`), or None.
         masks_text_only: whether the family's attention masks mask text tokens only (every image token
             is a valid key), so a mask can be cut down to the merged sequence (Chroma, Z-Image).
+        one_grid: whether every merged block sees the latent's token grid alone (no downsampled levels, no
+            text tokens beside it): Wan, LTX-Video, PixArt. Then each block's pre-hook makes the forward's
+            partitions (`BlockState.prepare`).
         latent_hw: `(H, W)` of the model's token grid in the current (or last) forward.
         frames: frames of that grid (a video model's; 1 for an image).
         tail: tokens after the grid's in the model's image-token input, never merged (`Family.trailing_tokens`:
@@ -81,6 +84,7 @@ class ModelState:
     needs_row_token: bool = False
     rotary: Rotary | None = None
     masks_text_only: bool = False
+    one_grid: bool = False
     latent_hw: tuple[int, int] | None = None
     frames: int = 1
     tail: int = 0
@@ -120,7 +124,9 @@ class ModelState:
     def __getstate__(self) -> dict:
         # A copy (`copy.deepcopy`, `pickle`) starts with no generation and empty caches: they hold the
         # last forward's tensors and weak references, and fill again at the copy's first forward.
-        fresh = ModelState(self.config, self.auto_downsample, self.needs_row_token, self.rotary, self.masks_text_only)
+        fresh = ModelState(
+            self.config, self.auto_downsample, self.needs_row_token, self.rotary, self.masks_text_only, self.one_grid
+        )
         fresh.num_blocks = self.num_blocks
         return dict(vars(fresh))
 
@@ -160,8 +166,10 @@ class ModelState:
         """
         if self.config.recompute_every > 1 and marker is not None:
             self._follow_generation(marker)
-        if self.latent_hw is not None and (latent_hw, frames) != (self.latent_hw, self.frames):
-            self.kept.clear()  # another image size: merges kept for reuse no longer fit
+        # Another image size: merges kept for reuse no longer fit. (`kept` first: nothing is kept in a compiled
+        # forward, and the last forward's size read there would be a guard that the next forward fails.)
+        if self.kept and self.latent_hw is not None and (latent_hw, frames) != (self.latent_hw, self.frames):
+            self.kept.clear()
         self.latent_hw = latent_hw
         self.frames = frames
         self.tail = tail
@@ -455,11 +463,37 @@ class BlockState:
         self.merged_config, self.merge = config, merge
         return merge
 
-    def _merge_or_reuse(self, config: ToMeConfig, text: int, text_rows: bool, tail: int = 0) -> TokenMerge | None:
+    def prepare(self) -> None:
+        """At the block's start (its pre-hook): on a model whose merged blocks all see one token grid and no other
+        tokens (`ModelState.one_grid`), make what the forward's first merging block would otherwise make inside
+        its forward and every later block find: the forward's partitions, and with `share_level` the shared
+        merge. Every block's forward then runs the same code (one graph per size for all blocks when compiled
+        alone); here, the first block and every later one each run one way, the later ones reading no size.
+        """
+        model = self.model
+        config = model.config
+        if not model.one_grid or config.mode != "merge" or config.recompute_every > 1:
+            return
+        if model._plans and (not config.share_level or model._shared):
+            return  # made this forward by an earlier block (`begin` forgets them)
         metric = self.metric
+        size = self._merge_size(config, metric)
+        if size is None:
+            return
+        grid, _ = size
+        if config.share_level:
+            self._merge_or_reuse(config, 0, False)
+        elif grid.frames > 1 and config.st == 1:
+            frame = Grid(grid.h, grid.w, grid.downsample)
+            model.partitions(config, frame, metric.shape[0] * grid.frames, metric.device, samples=metric.shape[0])
+        else:
+            model.partitions(config, grid, metric.shape[0], metric.device)
+
+    def _merge_size(self, config: ToMeConfig, metric: torch.Tensor | None) -> tuple[Grid, int] | None:
+        """The grid of `metric` and the tokens `r` to merge away, or None where this block merges nothing."""
         if metric is None or metric.ndim != 3:
             return None
-        batch, num_tokens, _ = metric.shape
+        num_tokens = metric.shape[1]
         grid = self.grid(num_tokens)
         if grid is None or grid.h // config.sy == 0 or grid.w // config.sx == 0:
             return None
@@ -470,8 +504,16 @@ class BlockState:
         r = min(int(num_tokens * config.ratio_at(level_ratio, model.timestep_value)), _num_sources(grid, config))
         if grid.frames > 1 and config.st == 1:
             r -= r % grid.frames  # merged frame by frame: as many tokens from every frame
-        if r <= 0:
+        return (grid, r) if r > 0 else None
+
+    def _merge_or_reuse(self, config: ToMeConfig, text: int, text_rows: bool, tail: int = 0) -> TokenMerge | None:
+        metric = self.metric
+        size = self._merge_size(config, metric)
+        if size is None:
             return None
+        grid, r = size
+        batch = metric.shape[0]
+        model = self.model
         # A merge shared by several blocks is made of the image tokens alone; blocks that merge the text
         # along extend it (once, kept on the merge).
         rows = 0 if config.share_level or not text_rows else text

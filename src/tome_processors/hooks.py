@@ -37,7 +37,7 @@ from ._similarity import is_compiling
 from .arguments import argument
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot, BlockState, HostSchedule, ModelState
-from .families import BlockSite, Family, Span, attention_levels, class_default_processor, family_of
+from .families import BlockSite, Family, Layout, Span, attention_levels, class_default_processor, family_of
 from .keeper import ProcessorKeeper, all_unwrapped
 from .merge import release_buffers
 from .pays import SiteShape, decide, group_of, site_shapes
@@ -143,7 +143,7 @@ class ModelHooks:
         marker = family.generation_marker(args, kwargs) if state.config.recompute_every > 1 else None
         # A video family's grid is `(frames, h, w)`.
         frames = grid[0] if len(grid) == 3 else 1
-        if not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames) and not is_compiling():
+        if not is_compiling() and not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames):
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         tail = family.trailing_tokens(args, kwargs, grid)
         paying = None
@@ -328,6 +328,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
         needs_row_token=family.needs_row_token,
         rotary=family.rotary,
         masks_text_only=family.masks_text_only,
+        one_grid=_one_grid(model, family),
     )
     context = ModelHooks(model, state, family, processor_type)
     context.watched = attention_modules(model)
@@ -365,6 +366,12 @@ def _log_decision(
     logger.info("ToMe on %s, %s token grid on %s (pays_only): %s", name, size, device_type, "; ".join(parts))
 
 
+def _one_grid(model: torch.nn.Module, family: Family) -> bool:
+    """Whether every block of `model` merges the latent's token grid alone (`ModelState.one_grid`)."""
+    layouts = {attention.layout for site in family.blocks(model) for attention in site.attentions}
+    return not attention_levels(model) and layouts <= {Layout.IMAGE, Layout.ROTARY}
+
+
 def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockSite | None = None) -> None:
     """Start a block's forward: its raw input (image tokens, before norm1) is tomesd's similarity metric.
 
@@ -381,6 +388,7 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
     if site is not None and latent_hw is not None:
         hidden_states = site.metric(hidden_states, latent_hw[0] * latent_hw[1], model.tail)
     block_state.metric = hidden_states
+    block_state.prepare()
 
 
 def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState, config: ToMeConfig) -> None:

@@ -7,8 +7,9 @@ So while ToMe is on a model, a `ProcessorKeeper` wraps those methods on the inst
 wraps `forward`: during the call the model holds its plain inner processors, so diffusers sees and
 keeps exactly what it would see without ToMe; afterwards every processor is wrapped again.
 
-`set_attn_processor` is the user's own switch. Under `apply_tome` it is left alone: setting other
-processors with it turns ToMe off (the context stands down at the next forward). Under
+`set_attn_processor` is the user's own switch. Under `apply_tome` setting other processors with it turns
+ToMe off (the context stands down at the next forward), except the fused projections' processor on a model
+whose projections are fused, which a pipeline's `fuse_qkv_projections()` sets after the model's own. Under
 `pipe.enable_tome()` (`keep_all`), it is wrapped too, and a forward pre-hook wraps again whatever was
 replaced some other way (`attn.processor = ...`): ToMe stays on until `disable_tome()`.
 
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+from diffusers.models.attention_processor import FusedAttnProcessor2_0
 
 #: Model methods diffusers uses to replace processors for its own ends, or that read them by class first.
 OWN_ENDS_METHODS = (
@@ -83,11 +85,11 @@ class ProcessorKeeper:
         for index, attn in enumerate(self.attentions):
             if isinstance(attn.processor, self.processor_type):
                 self.wrappers[index] = attn.processor
-        names = (*OWN_ENDS_METHODS, USER_METHOD) if keep_all else OWN_ENDS_METHODS
-        for name in names:
+        for name in (*OWN_ENDS_METHODS, USER_METHOD):
             original = getattr(self.model, name, None)
             if callable(original) and name not in self.model.__dict__:
-                self.model.__dict__[name] = KeptMethod(self, original)
+                kept = KeptMethod(self, original) if keep_all or name != USER_METHOD else FusingSwitch(self, original)
+                self.model.__dict__[name] = kept
                 self.methods.append(name)
         for index, attn in enumerate(self.attentions):
             for name in ATTENTION_METHODS:
@@ -102,7 +104,7 @@ class ProcessorKeeper:
     def uninstall(self) -> None:
         """Take the wrapped methods and the pre-hook away (nothing when not installed)."""
         for name in self.methods:
-            if isinstance(self.model.__dict__.get(name), KeptMethod):
+            if isinstance(self.model.__dict__.get(name), (KeptMethod, FusingSwitch)):
                 del self.model.__dict__[name]
         self.methods.clear()
         for attn in self.attentions:
@@ -184,6 +186,25 @@ class KeptMethod:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with self.keeper.unwrapped():
             return self.method(*args, **kwargs)
+
+
+class FusingSwitch:
+    """`set_attn_processor` under `apply_tome`: the user's own switch (ToMe off), except where it sets the fused
+    projections' processor on a model whose projections are fused. A pipeline's `fuse_qkv_projections()` does
+    that after the model's own `fuse_qkv_projections()` (kept already): part of fusing, so ToMe stays on."""
+
+    def __init__(self, keeper: ProcessorKeeper, method: Any) -> None:
+        self.keeper = keeper
+        self.method = method
+        functools.update_wrapper(self, method)
+
+    def __call__(self, processor: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(processor, FusedAttnProcessor2_0) and any(
+            getattr(attn, "fused_projections", False) for attn in self.keeper.attentions
+        ):
+            with self.keeper.unwrapped():
+                return self.method(processor, *args, **kwargs)
+        return self.method(processor, *args, **kwargs)
 
 
 class KeptModuleMethod:

@@ -10,7 +10,7 @@ import weakref
 from typing import Any
 
 import torch
-from diffusers.models.attention_processor import AttnProcessor2_0, JointAttnProcessor2_0
+from diffusers.models.attention_processor import AttnProcessor2_0, FusedAttnProcessor2_0, JointAttnProcessor2_0
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from diffusers.models.transformers.transformer_ltx2 import LTX2PerturbedAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
@@ -18,7 +18,7 @@ from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnP
 
 from ._similarity import is_compiling
 from .arguments import argument
-from .attach import PassedThrough, built_processor_for_call, slot_for_call
+from .attach import PassedThrough, built_processor_for_call, slot_for_call, watch_compiles
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
 from .families import Layout, class_default_processor
@@ -173,7 +173,9 @@ class ToMeProcessor(torch.nn.Module):
         # Attention modules where this processor, set without `apply_tome`, found nothing to attach to.
         self._passed_through = PassedThrough()
         self._built = _BuiltProcessors()  # without an inner processor: what runs on those modules
-        self._sdpa = AttnProcessor2_0() if inner is None else None  # ... under torch.compile on `Attention`
+        # Under torch.compile on `Attention` without an inner processor, and pooled keys around a fused one.
+        self._sdpa = AttnProcessor2_0() if inner is None or isinstance(inner, FusedAttnProcessor2_0) else None
+        watch_compiles(type(self))  # a model compiled before any call attaches before its first trace (attach.py)
 
     def __getstate__(self) -> dict:
         # `__call__` is bound to this processor: made again from the signature (`pickle` would bind it to
@@ -185,6 +187,7 @@ class ToMeProcessor(torch.nn.Module):
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
         self.__dict__["__call__"] = _signed_call(self, self._signature)
+        watch_compiles(type(self))
 
     def extra_repr(self) -> str:
         inner = type(self.inner).__name__ if self.inner is not None else "each module's own"
@@ -247,12 +250,20 @@ class ToMeProcessor(torch.nn.Module):
             return run_with_text(self, slot, attn, hidden_states, args, kwargs)
         if self.config.mode == "downsample_kv":
             keys_values = self._pooled_keys_values(slot, hidden_states, args, kwargs)
-            if keys_values is not None:  # self-attention over pooled keys/values: K, V = f(pooled)
-                if args:
-                    args = (keys_values, *args[1:])
-                else:
-                    kwargs = {**kwargs, "encoder_hidden_states": keys_values}
-            return self.inner(attn, hidden_states, *args, **kwargs)
+            if keys_values is None:
+                return self.inner(attn, hidden_states, *args, **kwargs)
+            # Self-attention over pooled keys/values: K, V = f(pooled).
+            if args:
+                args = (keys_values, *args[1:])
+            else:
+                kwargs = {**kwargs, "encoder_hidden_states": keys_values}
+            inner = self.inner
+            if self._sdpa is not None and getattr(attn, "to_kv", None) is None:
+                # The fused processor projects other tokens with `to_kv`, which a fused self-attention lacks (it
+                # has `to_qkv`): its queries come from the tokens and its keys from the pooled ones, so the fused
+                # projection cannot serve; its `to_q`, `to_k`, `to_v` hold the same weights.
+                inner = self._sdpa
+            return inner(attn, hidden_states, *args, **kwargs)
         merge = self._merge_for(slot, hidden_states, args, kwargs)
         if merge is None:
             return self.inner(attn, hidden_states, *args, **kwargs)
@@ -273,12 +284,25 @@ class ToMeProcessor(torch.nn.Module):
                 self._built.set(attn, inner)
             # Only what that processor takes: this one's signature is the union of several (`_union_signature`).
             return inner(attn, hidden_states, *args, **_accepted(inner, kwargs))
+        current = getattr(attn, "processor", None)
+        if is_compiling() and isinstance(current, ToMeProcessor) and current._inner_processor() is not None:
+            wrapper = current  # replaced when the context was attached outside the graph (attach.py)
+        elif is_compiling():
+            wrapper = self._built_wrapper(attn, slot)
+        else:  # from now on this module holds what `apply_tome` would have set
+            wrapper = self.replace_built(attn, slot)
+        return wrapper(attn, hidden_states, *args, **_accepted(wrapper.inner, kwargs))
+
+    def _built_wrapper(self, attn: torch.nn.Module, slot: AttentionSlot) -> ToMeProcessor:
         config = slot.block.model.config if self._takes_model_config else self.config
-        inner = self.built_inner(attn, slot.built_with)
-        wrapper = ToMeProcessor(inner, config)
-        if not is_compiling():  # from now on this module holds what `apply_tome` would have set
-            attn.set_processor(wrapper)
-        return wrapper(attn, hidden_states, *args, **_accepted(inner, kwargs))
+        return ToMeProcessor(self.built_inner(attn, slot.built_with), config)
+
+    def replace_built(self, attn: torch.nn.Module, slot: AttentionSlot) -> ToMeProcessor:
+        """Set on `attn` (merged, at `slot`) what this processor without an inner one runs there: a
+        `ToMeProcessor` around the processor `attn` is built with, as `apply_tome` would have set. Returns it."""
+        wrapper = self._built_wrapper(attn, slot)
+        attn.set_processor(wrapper)
+        return wrapper
 
     def _merge_for(
         self,

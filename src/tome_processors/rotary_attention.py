@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ._similarity import is_compiling
 from .arguments import argument, replace_argument
 from .joint_attention import sample_index as _sample_index
 from .merge import TokenMerge
@@ -80,10 +81,13 @@ def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None, he
         >>> merged_rotary((cos, -cos), merge)[1].flatten().tolist()  # rows kept at tokens 0, 2 and 3
         [-0.0, -2.0, -3.0]
     """
+    # Compiled, nothing is kept from one block for the next: a block that finds what an earlier one kept runs
+    # other code than the first (two graphs per size for blocks compiled alone); the compiler sees the repeats.
+    keep = not is_compiling()
     kept = merge.rotary
-    if kept and _same_tables(kept[0], rotary):
+    if keep and kept and _same_tables(kept[0], rotary):
         return kept[1]
-    if state is not None and state.rotary_tables and _same_tables(state.rotary_tables[0], rotary):
+    if keep and state is not None and state.rotary_tables and _same_tables(state.rotary_tables[0], rotary):
         table = state.rotary_tables[1]
     else:
         cos, sin = rotary
@@ -93,7 +97,7 @@ def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None, he
         elif table.ndim == 4:
             table = table[0]  # (N, 1, 2D)
         # else one (N, 2D) per sample
-        if state is not None:
+        if keep and state is not None:
             state.rotary_tables = (tuple(rotary), table)
     if rotary[0].ndim == 3 or heads_first:  # one table per sample (LTX-Video, LTX-2): (B, N, ...) at (B, M) positions
         gathered = table[_sample_index(merge.batch, table.device), merge.row_token]
@@ -101,7 +105,8 @@ def merged_rotary(rotary: tuple | list, merge: TokenMerge, state: Any = None, he
     else:
         gathered = table[merge.row_token]  # (B, M, 1, 2D) in one gather
     tables = type(rotary)(gathered.chunk(2, dim=-1))
-    kept[:] = [tuple(rotary), tables]
+    if keep:
+        kept[:] = [tuple(rotary), tables]
     return tables
 
 
