@@ -20,6 +20,23 @@ bench() {  # bench SECONDS NAME ARGS...: single forwards also write each method'
     "${profile[@]}" "$@" 2>&1 | grep -v Warning | tee -a "$log"
 }
 case $1 in
+  final)  # the presets' rule (pays_only) where presets were level or slower and at high resolution; bit-identical
+    # merges; a LoRA training step at 768 px; the hires-fix workflow per image. No --profile (device time).
+    timeout 45 python3 scripts/gpu_determinism.py --device cuda 2>&1 | grep -v Warning | tee -a "$log"
+    plain() { local limit=$1 name=$2; shift 2; echo "### $name: tome-processors bench --device cuda $*" | tee -a "$log"
+      timeout -k 5 "$limit" python3 -m tome_processors bench --device cuda --no-progress --json "$out/json/$name.json" \
+        "$@" 2>&1 | grep -v Warning | tee -a "$log"; }
+    q=(--no-tomesd --no-trained-quality)
+    plain 30 sd15-512 --arch sd15 --resolution 512 --batch 2 --rounds 5 "${q[@]}"
+    plain 45 sdxl-1024 --arch sdxl --resolution 1024 --batch 2 --rounds 3 "${q[@]}"
+    plain 40 pixart-1024 --arch pixart --resolution 1024 --batch 2 --rounds 3 "${q[@]}"
+    plain 45 qwenimage-1024-4 --arch qwenimage --resolution 1024 --layers 4 --batch 2 --dtype bfloat16 --rounds 3 "${q[@]}"
+    plain 30 sd15-1024 --arch sd15 --resolution 1024 --batch 2 --rounds 3 "${q[@]}"
+    plain 30 sd15-2048 --arch sd15 --resolution 2048 --batch 1 --rounds 2 "${q[@]}"
+    plain 60 sdxl-2048 --arch sdxl --resolution 2048 --batch 1 --rounds 2 "${q[@]}"
+    TRAIN_CMD
+    HIRES_CMD
+    ;;
   hires)  # Stable Diffusion at high resolution: SD1.5 at 1024 (a CFG batch) and 2048, SDXL at 2048, presets and the
     # K/V pooling modes, the trained-model columns left out (they run on the host CPU)
     bench 75 sd15-1024 --arch sd15 --resolution 1024 --batch 2 --rounds 3 --no-tomesd --no-trained-quality \
