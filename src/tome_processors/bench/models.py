@@ -168,7 +168,7 @@ def build_model(
         net = cast(build_unet(name, seed=seed, proxy=proxy), device, dtype)
         description = f"{name} architecture, random weights"
         if proxy is not None:
-            description += f" ({proxy.describe(name)})"
+            description += f" (proxy: {proxy.describe(name)})"
     elif pipeline:
         pipe = DiffusionPipeline.from_pretrained(model, dtype=dtype).to(device)
         net, description = target_models(pipe)[0].eval(), model
@@ -213,5 +213,5 @@ def build_model(
         inputs = make_svd_inputs(net, batch, resolution, frames, seed=seed, device=device, dtype=dtype)
     else:
         inputs = make_inputs(net, batch, resolution, seed=seed, device=device, dtype=dtype, width=width)
-    described = None if proxy is None else proxy.describe(arch or "sd15")
+    described = None if proxy is None else proxy.describe(arch or "sd15", resolution, width)
     return BenchModel(net, inputs.run, family, description, resolution, pipe, components, call_kwargs, described)

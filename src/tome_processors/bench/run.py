@@ -153,7 +153,10 @@ def run_bench(request: BenchRequest) -> int:
     dtype = resolve_dtype(request.dtype, device)
     proxy = choose_proxy(request, device)
     if proxy is not None:  # say it before the minutes of measuring, and again in the report
-        print(f"note: {proxy.describe(request.arch or 'sd15')}: speed-ups are of these levels only", file=sys.stderr)
+        print(
+            f"note: a proxy, {proxy.describe(request.arch or 'sd15')}: speed-ups are of these levels only",
+            file=sys.stderr,
+        )
 
     bench = build_model(
         request.model,
@@ -267,11 +270,11 @@ def proxy_sentence(described: str) -> str:
     """What a proxy run measured, in one sentence for the report's header and the JSON's `meta.proxy`.
 
     Example:
-        >>> proxy_sentence("proxy: the first 2 of 4 levels (320, 640 channels), 1 layer per block, no mid block")[:46]
-        'proxy: the first 2 of 4 levels (320, 640 chann'
+        >>> proxy_sentence("the UNet's first 2 of 4 levels (320, 640 channels), 1 layer per block, no mid block")[:32]
+        "the UNet's first 2 of 4 levels ("
     """
     return (
-        f"{described}; each kept level at its real width, heads and token count for this resolution. Speed-ups are "
+        f"{described}; each kept level at its real width, heads and token count at this size. Speed-ups are "
         "those of these levels alone, above the whole forward's (the levels left out do not get faster); whole "
         "forwards: --whole, or --device cuda"
     )

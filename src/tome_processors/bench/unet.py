@@ -111,8 +111,8 @@ class UNetProxy:
     proxy is that of the kept levels, above the whole forward's.
 
     Example:
-        >>> UNetProxy(levels=2, layers=1).describe("sd15")
-        'proxy: the first 2 of 4 levels (320, 640 channels), 1 layer per block, no mid block'
+        >>> UNetProxy(levels=2, layers=1).describe("sd15", 1024)
+        "the UNet's first 2 of 4 levels (320, 640 channels; 16384, 4096 tokens), 1 layer per block, no mid block"
     """
 
     levels: int
@@ -124,14 +124,21 @@ class UNetProxy:
         if self.layers is not None and self.layers < 1:
             raise ValueError(f"Expected layers >= 1 (or None), but got {self.layers}.")
 
-    def describe(self, arch: str) -> str:
-        """One line for the report: which levels are kept, at which width, with how many layers."""
+    def describe(self, arch: str, height: int | None = None, width: int | None = None) -> str:
+        """One line for the report: which levels are kept, at which width and token count (given the image's
+        `height` and `width` in pixels), with how many layers."""
         config = ARCHITECTURES[arch]
         total = len(config["block_out_channels"])
-        kept = ", ".join(str(c) for c in config["block_out_channels"][: self.levels])
+        channels = config["block_out_channels"][: self.levels]
+        kept = ", ".join(str(c) for c in channels) + " channels"
+        if height is not None:
+            width = height if width is None else width
+            tokens = [(height // 8 >> level) * (width // 8 >> level) for level in range(len(channels))]
+            kept += "; " + ", ".join(str(t) for t in tokens) + " tokens"
         layers = "the real layers" if self.layers is None else f"{self.layers} layer{'s' * (self.layers > 1)}"
-        kept_levels = f"the first {min(self.levels, total)} of {total} levels ({kept} channels)"
-        return f"proxy: {kept_levels}, {layers} per block, no mid block"
+        return (
+            f"the UNet's first {min(self.levels, total)} of {total} levels ({kept}), {layers} per block, no mid block"
+        )
 
 
 def _per_level(value: Any, levels: int, cap: int | None) -> Any:
