@@ -24,16 +24,18 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionPipeline
 from PIL import Image
 
 from .engine import BenchSettings, Method, relative_error, run_benchmark
 from .generate import DenoiserTimer, _quiet_diffusers, _Target, _to_pil
 from .meta import synchronize
+
+if TYPE_CHECKING:
+    from diffusers import StableDiffusionPipeline
 
 __all__ = ["HIRES_ARCHITECTURES", "HiresRow", "HiresRun", "hires_table", "time_hires", "upscale_latents"]
 
@@ -156,6 +158,8 @@ def time_hires(
     if int(steps * strength) < 1:
         raise ValueError(f"Expected steps * strength >= 1 (the second pass's steps), but got {steps} * {strength}.")
     settings = BenchSettings(**{**asdict(settings), "host_cost": False})
+    from diffusers import StableDiffusionImg2ImgPipeline  # a pipeline class: imported when a pipeline is built
+
     second = StableDiffusionImg2ImgPipeline.from_pipe(pipe)
     for part in (pipe, second):
         part.set_progress_bar_config(disable=True)
