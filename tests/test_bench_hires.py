@@ -174,7 +174,7 @@ def hires_fix(pipe, prompt: str, seed: int, size: int = 32):
                    output_type="latent").images  # fmt: skip
     latents = F.interpolate(latents, scale_factor=2, mode="bilinear")
     second = StableDiffusionImg2ImgPipeline.from_pipe(pipe)
-    apply_tome(second, ratio=0.5)  # the second pass only
+    apply_tome(second, preset="balanced")  # the second pass only
     try:
         return second(prompt, image=latents, strength=0.5, num_inference_steps=4, generator=generator,
                       output_type="np").images[0]  # fmt: skip
@@ -184,7 +184,7 @@ def hires_fix(pipe, prompt: str, seed: int, size: int = 32):
 
 def test_hires_fix_recipe_is_reproducible_and_merges_in_the_second_pass_only(tmp_path, monkeypatch):
     pipe = tiny_sd_pipeline(tmp_path)
-    seen: list[tuple[int, int]] = []  # (latent side of the UNet call, query length) of every attention in the UNet
+    seen: list[tuple[int, int, int]] = []  # (latent side, query length, key length) of every attention in the UNet
     side: list[int] = []
     pipe.unet.register_forward_pre_hook(lambda module, args: side.append(int(args[0].shape[-1])))
     pipe.unet.register_forward_hook(lambda module, args, output: side.clear())
@@ -192,7 +192,7 @@ def test_hires_fix_recipe_is_reproducible_and_merges_in_the_second_pass_only(tmp
 
     def recording(query, key, value, *args, **kwargs):
         if side:  # inside the UNet (not the text encoder or the VAE)
-            seen.append((side[0], int(query.shape[-2])))
+            seen.append((side[0], int(query.shape[-2]), int(key.shape[-2])))
         return sdpa(query, key, value, *args, **kwargs)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
@@ -202,15 +202,18 @@ def test_hires_fix_recipe_is_reproducible_and_merges_in_the_second_pass_only(tmp
     monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
     assert (first == second).all() and seen[calls:] == seen[:calls]
 
-    def unmerged(latent_side: int, length: int) -> bool:  # the token count of one of the UNet's levels
-        return any(length == (latent_side >> level) ** 2 for level in range(4))
+    text = pipe.tokenizer.model_max_length
 
-    small, large = sorted({latent_side for latent_side, _ in seen})  # the two passes' latents
+    def reduced(latent_side: int, queries: int, keys: int) -> bool:  # fewer tokens than the level's, or keys pooled
+        level = any(queries == (latent_side >> level) ** 2 for level in range(4))
+        return not level or keys not in (queries, text)
+
+    small, large = sorted({latent_side for latent_side, _, _ in seen})  # the two passes' latents
     assert large == 2 * small
-    first_pass = [length for latent_side, length in seen[:calls] if latent_side == small]
-    second_pass = [length for latent_side, length in seen[:calls] if latent_side == large]
-    assert first_pass and all(unmerged(small, length) for length in first_pass)
-    assert second_pass and any(not unmerged(large, length) for length in second_pass)  # merged at the first level
+    first_pass = [entry for entry in seen[:calls] if entry[0] == small]
+    second_pass = [entry for entry in seen[:calls] if entry[0] == large]
+    assert first_pass and not any(reduced(*entry) for entry in first_pass)
+    assert second_pass and any(reduced(*entry) for entry in second_pass)  # K/V pooled at the first level
     assert not any(isinstance(p, ToMeProcessor) for p in pipe.unet.attn_processors.values())
 
     plain = StableDiffusionImg2ImgPipeline.from_pipe(pipe)
