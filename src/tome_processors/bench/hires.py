@@ -160,7 +160,8 @@ def time_hires(
     settings = BenchSettings(**{**asdict(settings), "host_cost": False})
     from diffusers import StableDiffusionImg2ImgPipeline  # a pipeline class: imported when a pipeline is built
 
-    second = StableDiffusionImg2ImgPipeline.from_pipe(pipe)
+    with _quiet_diffusers():  # from_pipe casts every model in place, which warns once per model
+        second = StableDiffusionImg2ImgPipeline.from_pipe(pipe)
     for part in (pipe, second):
         part.set_progress_bar_config(disable=True)
     unet = pipe.unet
