@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import diffusers
 import torch
 import torch.nn.functional as F
 from PIL import Image
@@ -158,10 +159,8 @@ def time_hires(
     if int(steps * strength) < 1:
         raise ValueError(f"Expected steps * strength >= 1 (the second pass's steps), but got {steps} * {strength}.")
     settings = BenchSettings(**{**asdict(settings), "host_cost": False})
-    from diffusers import StableDiffusionImg2ImgPipeline  # a pipeline class: imported when a pipeline is built
-
     with _quiet_diffusers():  # from_pipe casts every model in place, which warns once per model
-        second = StableDiffusionImg2ImgPipeline.from_pipe(pipe)
+        second = diffusers.StableDiffusionImg2ImgPipeline.from_pipe(pipe)  # its module loads here, on first use
     for part in (pipe, second):
         part.set_progress_bar_config(disable=True)
     unet = pipe.unet

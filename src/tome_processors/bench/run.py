@@ -397,6 +397,9 @@ def _run_hires(request: BenchRequest, run: _Prepared) -> int:
     )
     meta = _meta(request, device, dtype, bench, started)
     second = bench.resolution * HIRES_SCALE
+    proxy = choose_proxy(request, device)
+    if proxy is not None:  # its token counts at the second pass's size, where the methods act
+        meta["proxy"] = proxy_sentence(proxy.describe(request.arch or "sd15", second) + f" at {second} px")
     meta.update(
         batch=2 if request.guidance_scale > 1 else 1,
         pipeline=f"{type(bench.pipe).__name__}, then StableDiffusionImg2ImgPipeline.from_pipe",
