@@ -195,17 +195,6 @@ def test_bench_train_rejects_what_it_cannot_run(extra, capsys):
     assert "Expected" in capsys.readouterr().err
 
 
-def test_layers_cuts_a_unet_to_that_many_layers_per_block():
-    from tome_processors.bench.models import build_model
-    from tome_processors.bench.unet import unet_config
-
-    assert unet_config("sdxl", layers=1)["block_out_channels"] == unet_config("sdxl")["block_out_channels"]
-    bench = build_model(arch="sd15", quick=True, layers=1)
-    assert bench.model.config.layers_per_block == 1 and "1 layers per block" in bench.description
-    with pytest.raises(ValueError, match="Expected layers to be None or an integer >= 1"):
-        unet_config("sd15", layers=0)
-
-
 def test_training_table_names_its_columns():
     from tome_processors.bench.engine import Row
     from tome_processors.bench.report import markdown_table

@@ -46,7 +46,7 @@ from .generate import DEFAULT_PROMPT
 from .image_pipelines import IMAGE_PIPELINE_ARCHITECTURES, build_image_pipeline
 from .pipelines import build_pipeline
 from .svd import build_svd_unet, make_svd_inputs
-from .unet import build_unet, load_unet, make_inputs
+from .unet import UNetProxy, build_unet, load_unet, make_inputs
 from .video_pipelines import VIDEO_PIPELINE_ARCHITECTURES, build_video_pipeline
 
 __all__ = ["UNET_FAMILIES", "BenchModel", "build_model", "cast"]
@@ -69,6 +69,7 @@ class BenchModel:
         pipe: the pipeline with `--pipeline`, else None; `model` is its denoiser.
         components: with `pipe`, component name -> what it is, for the report.
         call_kwargs: with `pipe`, arguments every generation passes.
+        proxy: what a cut-down UNet keeps (`unet.UNetProxy.describe`), None for a whole model.
     """
 
     model: torch.nn.Module
@@ -79,6 +80,7 @@ class BenchModel:
     pipe: Any = None
     components: dict[str, str] = field(default_factory=dict)
     call_kwargs: dict[str, Any] = field(default_factory=dict)
+    proxy: str | None = None
 
 
 def cast(model: torch.nn.Module, device: torch.device | str, dtype: torch.dtype) -> torch.nn.Module:
@@ -113,6 +115,7 @@ def build_model(
     width: int | None = None,
     layers: int | None = None,
     prompt: str = DEFAULT_PROMPT,
+    proxy: UNetProxy | None = None,
 ) -> BenchModel:
     """The model to measure, with fixed inputs of `batch` at `resolution` pixels (default: the model's own).
 
@@ -129,11 +132,13 @@ def build_model(
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (`pipelines.build_pipeline`).
         frames: a video architecture's clip: wan's pixel frames (default its clip of `dit.VIDEO_DEFAULTS`), or
             svd's frames per clip (default the model's `num_frames`, 14).
-        width: wan's clip width (`resolution` is the height).
-        layers: for a diffusion-transformer `arch` (wan too), at most that many blocks per block list; for a UNet
-            `arch`, at most that many layers per block (`unet.unet_config`).
+        width: the image or clip width in pixels (`resolution` is the height; None: square, or a video
+            model's own clip); UNet forwards and the video transformers.
+        layers: for a diffusion-transformer `arch` (wan too), at most that many blocks per block list.
         prompt: with `pipeline` for qwenimage or flux2: the prompt the generations will send (their tokenizers
             learn its words, `image_pipelines.write_bpe_tokenizer`).
+        proxy: a UNet `arch` (sd15, sd2, sdxl) cut down to its first levels (`unet.UNetProxy`), for high
+            resolutions where a whole forward would take too long; None: the whole UNet.
 
     Example:
         >>> bench_model = build_model(arch="pixart", quick=True, pipeline=True)
@@ -143,6 +148,8 @@ def build_model(
     if model is not None and (arch is not None or quick):
         raise ValueError(f"Expected either a model or an architecture, but got model={model!r} and arch={arch!r}.")
     device = torch.device(device)
+    if proxy is not None and (model is not None or quick or (arch or "sd15") not in ("sd15", "sd2", "sdxl")):
+        raise ValueError(f"Expected a proxy only for --arch sd15, sd2 or sdxl, but got arch={arch!r}, model={model!r}.")
     pipe, components, call_kwargs = None, {}, {}
     if model is None and arch in TRANSFORMER_ARCHITECTURES:
         # the newer image pipelines: every weight made where it runs; the forward bench keeps the CPU's weights
@@ -158,9 +165,10 @@ def build_model(
         name = arch or "sd15"
         if quick:
             name = "tiny-sdxl" if name == "sdxl" else "tiny"
-        net = cast(build_unet(name, seed=seed, layers=layers), device, dtype)
-        depth = f", {net.config.layers_per_block} layers per block" if layers is not None else ""
-        description = f"{name} architecture{depth}, random weights"
+        net = cast(build_unet(name, seed=seed, proxy=proxy), device, dtype)
+        description = f"{name} architecture, random weights"
+        if proxy is not None:
+            description += f" (proxy: {proxy.describe(name)})"
     elif pipeline:
         pipe = DiffusionPipeline.from_pretrained(model, dtype=dtype).to(device)
         net, description = target_models(pipe)[0].eval(), model
@@ -204,5 +212,6 @@ def build_model(
     elif family is not None and family.name == "svd":
         inputs = make_svd_inputs(net, batch, resolution, frames, seed=seed, device=device, dtype=dtype)
     else:
-        inputs = make_inputs(net, batch, resolution, seed=seed, device=device, dtype=dtype)
-    return BenchModel(net, inputs.run, family, description, resolution, pipe, components, call_kwargs)
+        inputs = make_inputs(net, batch, resolution, seed=seed, device=device, dtype=dtype, width=width)
+    described = None if proxy is None else proxy.describe(arch or "sd15", resolution, width)
+    return BenchModel(net, inputs.run, family, description, resolution, pipe, components, call_kwargs, described)

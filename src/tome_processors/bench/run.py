@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
+import json
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
@@ -31,18 +33,22 @@ from .attention_share import attention_share_metrics
 from .caches import cache_methods, cache_quality, cache_quality_table, opens_cache_context, supports_caches
 from .engine import BenchSettings, Method, run_benchmark
 from .generate import DEFAULT_PROMPT, generation_table, save_generation_grid, save_generation_json, time_generations
+from .hires import HIRES_SCALE, hires_table, time_hires
 from .meta import dtype_name, machine, resolve_device, resolve_dtype, versions
 from .methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, pick_methods
 from .models import BenchModel, build_model
 from .profiling import save_profile_report
 from .quality import TRAINED_COLUMNS, bench_denoiser, trained_quality_metrics
-from .report import markdown_table, meta_lines, save_json, save_plot
+from .report import json_safe, markdown_table, meta_lines, save_grid, save_json, save_plot
 from .train_bench import CHECKPOINTING, GRADIENT_CHANGE, train_rows, training_meta
+from .unet import ARCHITECTURES, UNetProxy, default_proxy
 
-__all__ = ["TRAIN_ARCHITECTURES", "BenchRequest", "run_bench"]
+__all__ = ["TRAIN_ARCHITECTURES", "UNET_ARCHITECTURES", "BenchRequest", "choose_proxy", "run_bench"]
 
+#: The UNet architectures that can be cut down to a proxy (`unet.UNetProxy`).
+UNET_ARCHITECTURES = ("sd15", "sd2", "sdxl")
 #: The architectures `train=True` builds (UNets: a LoRA on their attention projections).
-TRAIN_ARCHITECTURES = ("sd15", "sd2", "sdxl")
+TRAIN_ARCHITECTURES = UNET_ARCHITECTURES
 
 
 @dataclass(frozen=True)
@@ -76,9 +82,12 @@ class BenchRequest:
         prompt, steps, guidance_scale: with `pipeline`, each generation's.
         frames: a video architecture's clip: pixel frames (wan, wan-i2v, ...) or frames per clip (svd); None: the
             model's.
-        width: a video transformer's clip width in pixels (`resolution` its height).
-        layers: a diffusion-transformer `arch` (wan too) with at most that many blocks per block list, a UNet `arch`
-            with at most that many layers per block (None: all).
+        width: the image width of a UNet's forwards, or a video transformer's clip width, in pixels (`resolution`
+            is the height; None: square, or the video model's own).
+        layers: a diffusion-transformer `arch` (wan too) with at most that many blocks per block list (None: all);
+            a UNet `arch`: the proxy's layers per block (`unet.UNetProxy`).
+        levels: a UNet `arch` cut down to its first `levels` levels (`unet.UNetProxy`; None: `choose_proxy`'s).
+        whole: a UNet `arch` whole, even on a CPU at a high resolution (no proxy).
         train: time LoRA training steps instead of forwards (`train_bench.train_rows`; UNets only).
         gradient_checkpointing: with `train`, `"off"`, `"on"` or `"both"` (`train_bench.CHECKPOINTING`).
         command: the command line, for the metadata.
@@ -122,6 +131,10 @@ class BenchRequest:
     layers: int | None = None
     train: bool = False
     gradient_checkpointing: str = "off"
+    levels: int | None = None
+    whole: bool = False
+    hires: bool = False
+    strength: float = 0.5
     command: str = "tome-processors bench"
 
 
@@ -145,6 +158,12 @@ def run_bench(request: BenchRequest) -> int:
         torch.set_num_threads(request.threads)
     device = resolve_device(request.device)
     dtype = resolve_dtype(request.dtype, device)
+    proxy = choose_proxy(request, device)
+    if proxy is not None:  # say it before the minutes of measuring, and again in the report
+        print(
+            f"note: a proxy, {proxy.describe(request.arch or 'sd15')}: speed-ups are of these levels only",
+            file=sys.stderr,
+        )
 
     bench = build_model(
         request.model,
@@ -161,6 +180,7 @@ def run_bench(request: BenchRequest) -> int:
         width=request.width,
         layers=request.layers,
         prompt=request.prompt,
+        proxy=proxy,
     )
     methods, notes = pick_methods(
         bench.model,
@@ -202,6 +222,8 @@ def run_bench(request: BenchRequest) -> int:
     prepared = _Prepared(bench, methods, settings, device, dtype, started)
     if request.train:
         return _run_training(request, prepared)
+    if request.hires:
+        return _run_hires(request, prepared)
     return _run_pipeline(request, prepared) if request.pipeline else _run_forwards(request, prepared)
 
 
@@ -239,6 +261,57 @@ class _Prepared(NamedTuple):
     started: float
 
 
+def choose_proxy(request: BenchRequest, device: torch.device) -> UNetProxy | None:
+    """The cut-down UNet a run measures, or None for the whole model.
+
+    `levels` / `layers` given for a UNet architecture: that proxy; `whole`: none. Otherwise, on a device other
+    than CUDA, a UNet architecture (not `quick`, not `model`) whose denoiser would see more latent pixels per
+    forward than at its default size and batch 2 (sd15 at 512 px, sd2 at 768, sdxl at 1024) gets
+    `unet.default_proxy`: on a CPU a whole forward there takes minutes. With `hires`, the second pass's size
+    (twice `resolution`) and batch 2 decide.
+
+    Example:
+        >>> choose_proxy(BenchRequest(arch="sd15", resolution=1024, batch=1), torch.device("cpu"))
+        UNetProxy(levels=2, layers=1)
+        >>> choose_proxy(BenchRequest(arch="sd15", resolution=1024, batch=1), torch.device("cuda")) is None
+        True
+    """
+    arch = request.arch or ("sd15" if request.model is None else None)
+    if arch not in UNET_ARCHITECTURES or request.quick or request.whole:
+        return None
+    if request.levels is not None or request.layers is not None:
+        total = len(ARCHITECTURES[arch]["block_out_channels"])
+        return UNetProxy(levels=request.levels or total, layers=request.layers)
+    if device.type == "cuda":
+        return None
+    sample = int(ARCHITECTURES[arch]["sample_size"])
+    height = request.resolution or sample * 8
+    width = request.width or height
+    batch = 2 if request.pipeline or request.batch is None else request.batch
+    scale = 2 if request.hires else 1
+    if (height * scale // 8) * (width * scale // 8) * batch <= sample * sample * 2:
+        return None
+    return default_proxy(arch)
+
+
+#: The line that heads a proxy's report.
+PROXY_HEADER = "PROXY, NOT THE WHOLE UNET"
+
+
+def proxy_sentence(described: str) -> str:
+    """What a proxy run measured, in one sentence for the report's header and the JSON's `meta.proxy`.
+
+    Example:
+        >>> proxy_sentence("the UNet's first 2 of 4 levels (320, 640 channels), 1 layer per block, no mid block")[:32]
+        "the UNet's first 2 of 4 levels ("
+    """
+    return (
+        f"{described}; each kept level at its real width, heads and token count at this size. Speed-ups are "
+        "those of these levels alone, above the whole forward's (the levels left out do not get faster); whole "
+        "forwards: --whole, or --device cuda"
+    )
+
+
 def _combined(
     metrics: list[Callable[[Method], dict[str, float]]],
 ) -> Callable[[Method], dict[str, float]] | None:
@@ -268,6 +341,8 @@ def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
     rows = run_benchmark(bench.model, methods, bench.forward, settings, extra_metrics=extra_metrics)
     meta = _meta(request, device, dtype, bench, started)
 
+    if bench.proxy is not None:
+        print(f"{PROXY_HEADER}: {meta['proxy']}\n")
     print(markdown_table(rows))
     print()
     print(meta_lines(meta))
@@ -366,6 +441,66 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
     return 0
 
 
+def _run_hires(request: BenchRequest, run: _Prepared) -> int:
+    """`hires`: the hires-fix workflow per method (`hires.time_hires`), its table, the grid and the JSON."""
+    bench, methods, settings, device, dtype, started = run
+    if not request.pipeline or type(bench.pipe).__name__ != "StableDiffusionPipeline":
+        raise ValueError(f"Expected hires=True with pipeline=True on a StableDiffusionPipeline, but got {request}.")
+    hires = time_hires(
+        bench.pipe,
+        methods,
+        request.prompt,
+        request.steps,
+        request.guidance_scale,
+        bench.resolution,
+        request.strength,
+        request.seed,
+        settings,
+        decode=request.decode,
+    )
+    meta = _meta(request, device, dtype, bench, started)
+    second = bench.resolution * HIRES_SCALE
+    proxy = choose_proxy(request, device)
+    if proxy is not None:  # its token counts at the second pass's size, where the methods act
+        meta["proxy"] = proxy_sentence(proxy.describe(request.arch or "sd15", second) + f" at {second} px")
+    meta.update(
+        batch=2 if request.guidance_scale > 1 else 1,
+        pipeline=f"{type(bench.pipe).__name__}, then StableDiffusionImg2ImgPipeline.from_pipe",
+        components=dict(bench.components),
+        hires=(
+            f"text to image at {bench.resolution} px ({request.steps} steps, no method), latents upscaled "
+            f"{HIRES_SCALE}x (bilinear), image to image at {second} px (strength {request.strength}: "
+            f"{int(request.steps * request.strength)} steps) with the row's method on that pass only"
+        ),
+        prompt=request.prompt,
+        steps=request.steps,
+        strength=request.strength,
+        second_pass_resolution=second,
+        second_pass_calls=hires.rows[0].second_pass_calls,
+        guidance_scale=request.guidance_scale,
+        seconds="per image: both passes, the upscale and the method's apply/remove; 2nd pass: the img2img call",
+    )
+    if not request.decode:
+        meta.update(output="latents (no VAE decode at the second pass's size; image change of the latents)")
+    if bench.proxy is not None:
+        print(f"{PROXY_HEADER}: {meta['proxy']}\n")
+    print(hires_table(hires.rows))
+    print()
+    print(meta_lines({key: value for key, value in meta.items() if key != "components"}))
+    print("- components:")
+    print("\n".join(f"  - {name}: {what}" for name, what in bench.components.items()))
+    if request.json_path:
+        path = Path(request.json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"meta": json_safe(meta), "rows": json_safe(hires.as_json())}
+        path.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        print(f"JSON: {path}")
+    if request.decode:
+        labels = [f"{r.name}\n{r.seconds_per_image:.2f} s/image, {r.speedup_per_image:.2f}x" for r in hires.rows]
+        print(f"grid: {save_grid(hires.images, labels, request.grid_path)}")
+    return 0
+
+
 def _shown(value: Any) -> Any:
     """A call argument as the metadata shows it: an image (an image-to-video pipeline's first frame) by its size.
 
@@ -394,6 +529,8 @@ def _meta(
         "compile": None if request.compile is None else f"{request.compile} ({request.compile_backend})",
         "machine": machine(device),
         "torch_threads": torch.get_num_threads(),
+        "proxy": None if bench.proxy is None else proxy_sentence(bench.proxy),
+        "width": request.width,
         **versions(),
         "memory": "CUDA allocator peak" if device.type == "cuda" else "peak resident set (psutil, sampled every 1 ms)",
     }

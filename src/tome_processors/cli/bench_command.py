@@ -18,6 +18,8 @@ Example:
     $ tome-processors bench --pipeline --quick --arch qwenimage --steps 2   # flux2, chroma, zimage too
     $ tome-processors bench --arch hunyuanvideo15 --layers 1 --frames 33   # also wan-i2v, ltx2, hunyuanvideo
     $ tome-processors bench --train --resolution 768 --layers 1 --presets balanced   # LoRA training steps
+    $ tome-processors bench --arch sd15 --resolution 1024 --batch 1   # on a CPU: a proxy of the first 2 levels
+    $ tome-processors bench --pipeline --hires --steps 4 --no-decode  # 512 px, upscale, ToMe'd img2img at 1024
 
 With `--pipeline` it times whole generations instead (text encoder, every denoising step, VAE decode) on the
 architecture's pipeline with random weights, or on `--model`'s: seconds per image (per video with `--arch
@@ -36,12 +38,14 @@ import torch
 
 from ..bench.caches import CACHES
 from ..bench.dit import VIDEO_ARCHITECTURES, VIDEO_STRIDES
+from ..bench.hires import HIRES_ARCHITECTURES
 from ..bench.image_pipelines import IMAGE_PIPELINE_ARCHITECTURES
 from ..bench.image_to_video import missing_requirements
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES
 from ..bench.pipelines import TEXT_ENCODER_SIZES
-from ..bench.run import TRAIN_ARCHITECTURES, BenchRequest, run_bench
+from ..bench.run import TRAIN_ARCHITECTURES, UNET_ARCHITECTURES, BenchRequest, run_bench
 from ..bench.train_bench import CHECKPOINTING
+from ..bench.unet import ARCHITECTURES as UNET_CONFIGS
 from ..bench.video_pipelines import CLIP_MULTIPLES
 from ..config import PRESETS, ToMeConfig
 
@@ -80,7 +84,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="a transformer --arch (wan too) at its real width with at most this many blocks per block list; "
-        "ratios are per block. A UNet --arch (sd15, sd2, sdxl): at most this many layers per block",
+        "ratios are per block. sd15, sd2, sdxl: a proxy UNet with at most this many layers per block",
+    )
+    what.add_argument(
+        "--levels",
+        type=int,
+        default=None,
+        help="sd15, sd2, sdxl: a proxy UNet of its first N levels at their real width and token count (no mid "
+        "block); default on a CPU above the model's default size: the levels up to the second with attention, "
+        "1 layer per block",
+    )
+    what.add_argument(
+        "--whole",
+        action="store_true",
+        help="sd15, sd2, sdxl: the whole UNet even where a CPU run would take a proxy (see --levels)",
     )
     video = parser.add_argument_group(f"video models (--arch {', '.join(VIDEO_ARCHITECTURES)}, svd)")
     video.add_argument(
@@ -94,7 +111,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--width",
         type=int,
         default=None,
-        help=f"{', '.join(VIDEO_ARCHITECTURES)}: clip width in pixels; --resolution is its height",
+        help=f"{', '.join(VIDEO_ARCHITECTURES)}: clip width in pixels; sd15, sd2, sdxl forwards: image width "
+        "(non-square); --resolution is the height",
     )
     what.add_argument(
         "--batch", type=int, default=None, help="UNet batch size (default 2 = one image with CFG); not with --pipeline"
@@ -228,6 +246,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--pipeline only: stop every generation at its latents (no VAE decode in the time per image, no "
         "grid; on a CPU a 1024 px decode can take far longer than a shortened denoiser)",
     )
+    gen.add_argument(
+        "--hires",
+        action="store_true",
+        help="with --pipeline (sd15, sd2): the hires-fix workflow: text to image at --resolution with ToMe off, the "
+        "latents upscaled 2x, image to image at twice the size with each method on that second pass only",
+    )
+    gen.add_argument(
+        "--strength",
+        type=float,
+        default=BenchRequest.strength,
+        help="--hires: the second pass's denoising strength (it runs int(steps * strength) steps)",
+    )
     gen.add_argument("--prompt", default=BenchRequest.prompt)
     gen.add_argument("--steps", type=int, default=BenchRequest.steps, help="denoising steps per generation")
     gen.add_argument("--guidance-scale", type=float, default=BenchRequest.guidance_scale)
@@ -271,9 +301,11 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
     if args.frames is not None and args.arch not in ("svd", *VIDEO_ARCHITECTURES):
         videos = ", ".join(VIDEO_ARCHITECTURES)
         fail(f"Expected --frames only with a video --arch ({videos}, svd), but got --arch {args.arch}.")
-    layered = ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS, *TRAIN_ARCHITECTURES)
-    if args.layers is not None and (args.model is not None or (args.arch or "sd15") not in layered):
-        fail(f"Expected --layers with a diffusion-transformer or UNet --arch, but got --arch {args.arch}.")
+    unet_arch = args.model is None and not args.quick and (args.arch or "sd15") in UNET_ARCHITECTURES
+    layered = ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS)
+    if args.layers is not None and args.arch not in layered and not unet_arch:
+        fail(f"Expected --layers with a diffusion-transformer --arch or sd15, sd2, sdxl, but got --arch {args.arch}.")
+    _check_proxy(args, fail, unet_arch)
     _check_train(args, fail)
     if args.pipeline and args.arch in _FORWARD_ONLY:
         archs = ", ".join(["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "wan", "wan-i2v", "ltx"])
@@ -286,6 +318,7 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
             fail(f"Expected --{name} >= 1, but got {getattr(args, name)}.")
     _check_video(args, fail)
     _check_pipeline(args, fail)
+    _check_hires(args, fail)
     if args.plot is not None and importlib.util.find_spec("matplotlib") is None:
         fail("Expected matplotlib for --plot, but it is not installed: pip install 'tome-processors[plot]'.")
     if args.device != "auto":
@@ -301,9 +334,15 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
 
 def _check_video(args: argparse.Namespace, fail: Any) -> None:
     """The video options: for a video architecture only, and in range."""
-    if args.width is not None and args.arch not in VIDEO_ARCHITECTURES:
+    unet_forwards = args.arch in (None, *UNET_ARCHITECTURES) and not args.pipeline
+    if args.width is not None and args.arch not in VIDEO_ARCHITECTURES and not unet_forwards:
         videos = ", ".join(VIDEO_ARCHITECTURES)
-        fail(f"Expected --width only with a video architecture (--arch {videos}), but got --arch {args.arch}.")
+        fail(
+            f"Expected --width only with a video architecture (--arch {videos}) or UNet forwards (sd15, sd2, sdxl, "
+            f"--model, without --pipeline), but got --arch {args.arch}{' with --pipeline' * args.pipeline}."
+        )
+    if args.width is not None and unet_forwards and args.width % 8:
+        fail(f"Expected --width to be a multiple of 8, but got {args.width}.")
     if args.arch in VIDEO_ARCHITECTURES and args.frames is not None:
         stride = VIDEO_STRIDES[args.arch][0]
         if args.frames < 1 or (args.frames - 1) % stride:
@@ -311,8 +350,10 @@ def _check_video(args: argparse.Namespace, fail: Any) -> None:
                 f"Expected --frames of the form {stride}k + 1 for --arch {args.arch} (its VAE's stride in time), "
                 f"but got {args.frames}."
             )
-    if args.width is not None and (args.width < 16 or args.width % 16):
+    if args.width is not None and args.arch in VIDEO_ARCHITECTURES and (args.width < 16 or args.width % 16):
         fail(f"Expected --width to be a multiple of 16, but got {args.width}.")
+    if args.width is not None and args.width < 16:
+        fail(f"Expected --width >= 16, but got {args.width}.")
     if args.arch == "hunyuanvideo15" and args.resolution is not None and args.resolution % 16:
         fail(
             f"Expected --resolution to be a multiple of 16 for --arch hunyuanvideo15 (its VAE's stride in space), "
@@ -336,6 +377,42 @@ def _check_train(args: argparse.Namespace, fail: Any) -> None:
             fail(f"Expected --train without {option}, but got both.")
     if args.model is None and (args.arch or "sd15") not in TRAIN_ARCHITECTURES:
         fail(f"Expected --train with a UNet --arch ({', '.join(TRAIN_ARCHITECTURES)}), but got --arch {args.arch}.")
+
+
+def _check_proxy(args: argparse.Namespace, fail: Any, unet_arch: bool) -> None:
+    """`--levels` and `--whole`: a random-weight UNet architecture only, and not both."""
+    if (args.levels is not None or args.whole) and not unet_arch:
+        fail(
+            "Expected --levels and --whole only with --arch sd15, sd2 or sdxl (random weights, not --quick), but got "
+            f"{'--model' if args.model is not None else '--quick' if args.quick else f'--arch {args.arch}'}."
+        )
+    if args.whole and (args.levels is not None or args.layers is not None):
+        fail("Expected either --whole or a proxy (--levels, --layers), but got both.")
+    if args.levels is not None and unet_arch:
+        total = len(UNET_CONFIGS[args.arch or "sd15"]["block_out_channels"])
+        if not 1 <= args.levels <= total:
+            fail(f"Expected --levels between 1 and {total} for --arch {args.arch or 'sd15'}, but got {args.levels}.")
+
+
+def _check_hires(args: argparse.Namespace, fail: Any) -> None:
+    """`--hires`: a random-weight SD1.x/2.x pipeline; `--strength` in (0, 1]."""
+    if not 0.0 < args.strength <= 1.0:
+        fail(f"Expected --strength in (0, 1], but got {args.strength}.")
+    if args.strength != BenchRequest.strength and not args.hires:
+        fail("Expected --strength only with --hires, but got it without.")
+    if not args.hires:
+        return
+    if not args.pipeline:
+        fail("Expected --hires with --pipeline (it times whole generations), but got it without.")
+    if args.model is not None or (args.arch or "sd15") not in HIRES_ARCHITECTURES:
+        fail(
+            f"Expected --hires with --arch {' or '.join(HIRES_ARCHITECTURES)} (a random-weight pipeline), but got "
+            f"{'--model' if args.model is not None else f'--arch {args.arch}'}."
+        )
+    if args.cache is not None:
+        fail("Expected --hires without --cache (the UNets take no diffusers cache), but got both.")
+    if int(args.steps * args.strength) < 1:
+        fail(f"Expected --steps * --strength >= 1 (the second pass's steps), but got {args.steps} * {args.strength}.")
 
 
 def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
@@ -426,6 +503,10 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         width=args.width,
         train=args.train,
         gradient_checkpointing=args.gradient_checkpointing or "off",
+        levels=args.levels,
+        whole=args.whole,
+        hires=args.hires,
+        strength=args.strength,
         command="tome-processors " + shlex.join(sys.argv[1:] if args.argv is None else args.argv),
     )
 
