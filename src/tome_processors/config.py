@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,6 +24,11 @@ _MATCHINGS = ("global", "window")
 Preset = Literal["exact", "balanced", "fast"]
 #: The preset names, from the most faithful to the fastest.
 PRESETS: tuple[str, ...] = ("exact", "balanced", "fast")
+#: The fields that take a number (any real or integer scalar, NumPy's included; never a bool).
+_NUMBER_FIELDS = (
+    "ratio", "max_downsample", "sx", "sy", "st", "seed", "kv_factor", "recompute_every", "ratio_start",
+    "num_train_timesteps",
+)  # fmt: skip
 
 
 def _expect(condition: bool, what: str, value: Any) -> None:
@@ -31,11 +37,20 @@ def _expect(condition: bool, what: str, value: Any) -> None:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    # Any integer (Python's, NumPy's: `numbers.Integral`), but no bool.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    # Any real number (Python's, NumPy's `float32` / `float64` / integers: `numbers.Real`), but no bool.
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy (or other `numbers`) scalar as the Python int or float it stands for; Python numbers unchanged."""
+    if type(value) in (int, float) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,8 @@ class ToMeConfig:
     The defaults follow tomesd (ToMe for SD), except that `max_downsample="auto"` picks the
     highest-resolution level that has attention, so SDXL is merged instead of silently skipped.
     The options from `mode` on go beyond tomesd; their defaults keep tomesd's behaviour.
+    Numbers may be any real or integer scalar (NumPy's `float32`, `int64`, ...), stored as the Python
+    float or int they stand for; bools are refused where a number is expected.
 
     Args:
         ratio: Share of the tokens to merge away, `r = int(N * ratio)`. From 0 up to the cap
@@ -189,12 +206,15 @@ class ToMeConfig:
                     f"level_ratios values between 0 and {cap:g}",
                     level_ratio,
                 )
-            # Stored as sorted pairs so the config stays hashable (merges are cached per config).
-            object.__setattr__(self, "level_ratios", tuple(sorted(dict(self.level_ratios).items())))
+            # Stored as sorted pairs of plain numbers so the config stays hashable (merges are cached per config).
+            pairs = sorted((_plain(level), _plain(value)) for level, value in dict(self.level_ratios).items())
+            object.__setattr__(self, "level_ratios", tuple(pairs))
         for flag in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_level"):
             value = getattr(self, flag)
             _expect(isinstance(value, bool), f"{flag} to be a bool", value)
         _expect(_is_int(self.seed) and self.seed >= 0, "seed to be a non-negative integer", self.seed)
+        for name in _NUMBER_FIELDS:  # NumPy scalars stored as the Python numbers they stand for
+            object.__setattr__(self, name, _plain(getattr(self, name)))
 
     @property
     def max_ratio(self) -> float:
