@@ -23,6 +23,7 @@ everything ToMe installed, so nothing of ToMe runs from that forward on.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import warnings
 from collections.abc import Sequence
@@ -141,7 +142,14 @@ class ModelHooks:
         if not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames) and not is_compiling():
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         tail = family.trailing_tokens(args, kwargs, grid)
-        state.begin(grid[-2:], family.timestep(args, kwargs), value, marker, frames, tail)
+        # The text input names the forward's branch of the step (two calls per step for a classifier-free guidance).
+        text = None
+        if state.config.recompute_every > 1 and not is_compiling():
+            position = _text_position(model)
+            text = kwargs.get("encoder_hidden_states") if position is None else None
+            if position is not None:
+                text = argument(args, kwargs, position, "encoder_hidden_states")
+        state.begin(grid[-2:], family.timestep(args, kwargs), value, marker, frames, tail, text)
 
     def _warn_if_too_small(self, model: torch.nn.Module, grid: tuple[int, int], frames: int) -> None:
         config = self.model_state.config
@@ -204,6 +212,20 @@ class ModelHooks:
             return
         self.remove()
         logger.debug("ToMe stood down on %s: no attention module holds a ToMe processor", type(model).__name__)
+
+
+def _text_position(model: torch.nn.Module) -> int | None:
+    """Where `model.forward` takes `encoder_hidden_states` when passed by position, or None where it takes none."""
+    return _forward_parameter(type(model), "encoder_hidden_states")
+
+
+@functools.cache
+def _forward_parameter(model_type: type, name: str) -> int | None:
+    try:
+        names = list(inspect.signature(model_type.forward).parameters)[1:]  # after `self`
+    except (TypeError, ValueError):
+        return None
+    return names.index(name) if name in names else None
 
 
 class _ModelPreHook:
