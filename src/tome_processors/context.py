@@ -80,6 +80,8 @@ class ModelState:
         rotary: how the family's processors receive rotary positions (`families.Rotary`), or None.
         masks_text_only: whether the family's attention masks mask text tokens only (every image token
             is a valid key), so a mask can be cut down to the merged sequence (Chroma, Z-Image).
+        fixed_at_odd_batch: tomesd's rule: random destinations (`use_rand`) are turned off at an odd batch,
+            which cannot hold a classifier-free guidance's two halves (`Family.guidance_in_batch`).
         latent_hw: `(H, W)` of the model's token grid in the current (or last) forward.
         frames: frames of that grid (a video model's; 1 for an image).
         tail: tokens after the grid's in the model's image-token input, never merged (`Family.trailing_tokens`:
@@ -105,6 +107,7 @@ class ModelState:
     needs_row_token: bool = False
     rotary: Rotary | None = None
     masks_text_only: bool = False
+    fixed_at_odd_batch: bool = True
     latent_hw: tuple[int, int] | None = None
     frames: int = 1
     tail: int = 0
@@ -144,7 +147,14 @@ class ModelState:
     def __getstate__(self) -> dict:
         # A copy (`copy.deepcopy`, `pickle`) starts with no generation and empty caches: they hold the
         # last forward's tensors and weak references, and fill again at the copy's first forward.
-        fresh = ModelState(self.config, self.auto_downsample, self.needs_row_token, self.rotary, self.masks_text_only)
+        fresh = ModelState(
+            self.config,
+            self.auto_downsample,
+            self.needs_row_token,
+            self.rotary,
+            self.masks_text_only,
+            self.fixed_at_odd_batch,
+        )
         fresh.num_blocks = self.num_blocks
         return dict(vars(fresh))
 
@@ -302,8 +312,9 @@ class ModelState:
                 return place
         layout = self.layout(grid, config, device)
         lead = self.needs_row_token
-        # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd).
-        if config.use_rand and samples % 2 == 0:
+        # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd), on the families
+        # whose pipelines batch the two halves of a classifier-free guidance (`fixed_at_odd_batch`).
+        if config.use_rand and (samples % 2 == 0 or not self.fixed_at_odd_batch):
             stack = self._stack(config, layout, batch, device)
             if text or text_rows or lead:  # once per forward for every block, not in each block
                 stack = layout.with_text(stack, batch, text, text_rows, lead)

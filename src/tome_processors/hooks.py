@@ -318,6 +318,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
         needs_row_token=family.needs_row_token,
         rotary=family.rotary,
         masks_text_only=family.masks_text_only,
+        fixed_at_odd_batch=family.guidance_in_batch,
     )
     context = ModelHooks(model, state, family, processor_type)
     context.watched = attention_modules(model)
