@@ -28,7 +28,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def flux(tmp_path):
     pipe, args = family_pipeline("flux", tmp_path)
-    return pipe, lambda: np.asarray(pipe(**args, num_inference_steps=2, generator=torch.Generator().manual_seed(0)).images)
+    return pipe, lambda: np.asarray(
+        pipe(**args, num_inference_steps=2, generator=torch.Generator().manual_seed(0)).images
+    )
 
 
 def hunyuanvideo(tmp_path):

@@ -108,6 +108,7 @@ class ModelState:
     rotary: Rotary | None = None
     masks_text_only: bool = False
     fixed_at_odd_batch: bool = True
+    warned_chunks: bool = False  # `merge_mlp` said once that a feed-forward chunked over the tokens is not merged
     latent_hw: tuple[int, int] | None = None
     frames: int = 1
     tail: int = 0
@@ -435,6 +436,7 @@ class BlockState:
     merged_config: ToMeConfig | None = None
     merge: TokenMerge | None = None
     ff_merge: TokenMerge | None = None
+    ff_chunk_start: int = 0  # the next sample of a feed-forward chunked over the batch (`enable_forward_chunking`)
     # This block's partitions in this forward, one per grid and layout (`ModelState.partitions`: where).
     planned: tuple[Partition, ...] = field(default=(), repr=False, compare=False)
 
@@ -454,6 +456,7 @@ class BlockState:
         self.merged_config = None
         self.merge = None
         self.ff_merge = None
+        self.ff_chunk_start = 0
 
     def grid(self, num_tokens: int) -> Grid | None:
         """The token grid of this block in the current forward, or None if it is not one."""

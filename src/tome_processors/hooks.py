@@ -275,16 +275,41 @@ class _FeedForwardPreHook:
         block_state.ff_merge = None
         hidden_states = argument(args, kwargs, 0, "hidden_states")
         merge = block_state.merge_for(self.config, text=None)  # the attention's merge, whatever its positions
-        # Chunked feed-forward (set_chunk_feed_forward) sees slices: leave those alone.
         if merge is None or not isinstance(hidden_states, torch.Tensor) or hidden_states.ndim != 3:
             return None
         if (merge.batch, merge.num_tokens) != tuple(hidden_states.shape[:2]):
-            return None
+            merge = _chunk_merge(block_state, merge, hidden_states)
+            if merge is None:
+                return None
         block_state.ff_merge = merge
         merged = merge.merge(hidden_states)
         if args:
             return (merged, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": merged}
+
+
+def _chunk_merge(block_state: BlockState, merge: Any, hidden_states: torch.Tensor) -> Any:
+    """The merge of one chunk of a chunked feed-forward (`enable_forward_chunking`), or None.
+
+    Chunks over the batch (diffusers' default, `dim=0`) come in order, each a few whole samples: each gets the
+    merge of its samples. Chunks over the tokens (`dim=1`) hold a part of each sample's tokens, which no merge
+    covers: they are not merged, and a warning says so once per model.
+    """
+    batch, tokens = int(hidden_states.shape[0]), int(hidden_states.shape[1])
+    if tokens == merge.num_tokens and merge.batch % batch == 0 and not (merge.text_rows or merge.tail):
+        start = block_state.ff_chunk_start
+        block_state.ff_chunk_start = (start + batch) % merge.batch
+        return merge.samples(start, start + batch)
+    model = block_state.model
+    if tokens < merge.num_tokens and merge.num_tokens % tokens == 0 and not model.warned_chunks and not is_compiling():
+        model.warned_chunks = True
+        warnings.warn(
+            "ToMe's merge_mlp=True merges nothing in a feed-forward chunked over the tokens "
+            "(enable_forward_chunking(dim=1)): chunk over the batch (dim=0, the default) to merge it. (Said once.)",
+            UserWarning,
+            stacklevel=2,
+        )
+    return None
 
 
 class _FeedForwardPostHook:
