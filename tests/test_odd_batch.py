@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import torch
 
+import test_reuse_across_steps as reuse
 import tome_processors as tp
 from tome_processors.families import family_of
 
 import test_hunyuanvideo as hunyuan
-import test_reuse_across_steps as reuse
 import test_video as video
 from pipelines import family_pipeline, tiny_sd_pipeline
 

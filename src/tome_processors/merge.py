@@ -143,7 +143,8 @@ class TokenMerge:
         """This merge of samples `start` to `stop` only (a feed-forward chunked over the batch calls each chunk apart).
 
         Example:
-            >>> merge = TokenMerge(torch.tensor([0, 0, 1, 2, 3, 3]), torch.tensor([[2.0], [1.0], [1.0], [2.0]]), 2, 3, 2)
+            >>> sizes = torch.tensor([[2.0], [1.0], [1.0], [2.0]])
+            >>> merge = TokenMerge(torch.tensor([0, 0, 1, 2, 3, 3]), sizes, 2, 3, 2)
             >>> merge.samples(1, 2).merge(torch.tensor([[[1.0], [4.0], [6.0]]])).flatten().tolist()
             [1.0, 5.0]
         """
