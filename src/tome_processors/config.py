@@ -77,7 +77,9 @@ class ToMeConfig:
             any frame of the clip, so a static background collapses across time (`sx=sy=1` merges
             across time only). Image models accept only 1.
         use_rand: Choose each window's destination at random (reproducibly, from `seed`) instead of
-            its top-left token. Turned off for odd batch sizes, as in tomesd.
+            its top-left token. Turned off for odd batch sizes, as in tomesd, on the families whose
+            pipelines batch classifier-free guidance (UNets, PixArt, SD3, LTX, Z-Image); random at every
+            batch size on FLUX.1, FLUX.2, Chroma, Qwen-Image, Wan and HunyuanVideo (docs/options.md).
         merge_attn: Merge the tokens entering self-attention (recommended).
         merge_crossattn: Merge the tokens entering cross-attention (not recommended).
         merge_mlp: Merge the tokens entering the feed-forward (quality drops quickly).
@@ -92,9 +94,10 @@ class ToMeConfig:
         share_level: compute one merge per level and forward, from the first block of the level,
             and share it with the other blocks of that level (cheaper, slightly different).
         recompute_every: recompute merges every this many denoising steps and reuse them in
-            between (1 = every forward, as tomesd). A forward with another timestep object than the
-            last is a new step, counted on the host since the last reset (after every call of a
-            pipeline with `enable_tome`), so the timestep is never read back from the device.
+            between (1 = every forward, as tomesd). Counted on the host per branch (the forwards with
+            one text input): a forward with another timestep object than its branch's last is a new
+            step, so guidance run as two calls per step counts steps, not calls, and each call reuses
+            its own merges. The timestep is never read back from the device.
         level_ratios: a ratio per downsample level, e.g. `{1: 0.6, 2: 0.3}`; levels not listed are
             not merged and `max_downsample` is not used. Stored as sorted `(level, ratio)` pairs, so
             the config stays hashable.
