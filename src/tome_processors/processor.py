@@ -142,7 +142,9 @@ class ToMeProcessor(torch.nn.Module):
     inner processor.
 
     It is an `nn.Module` so that an inner processor with weights (IP-Adapter) moves with `.to()`;
-    it has no parameters of its own.
+    it has no parameters of its own. It answers type checks for its inner processor: `p.__class__` is the
+    inner processor's class and `isinstance(p, IPAdapterAttnProcessor2_0)` holds where it wraps one, while
+    `type(p)` is `ToMeProcessor` and `isinstance(p, ToMeProcessor)` holds too.
 
     Args:
         inner: the processor to run on the merged tokens. Without one, each attention module runs the
