@@ -1,9 +1,53 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and which tests the README's quick command leaves to the heavy run.
+
+The README's `python -m pytest -q` runs every public behaviour on every family at least once, on two worker
+processes (pytest-xdist, `addopts` in pyproject.toml), in minutes. The tests marked `slow` repeat a path that a
+quick test already takes (another call order, another family of the same code path, the same check on the
+trained video model, full-size configurations); they run with `python -m pytest -q -m slow` (`.ci/run` runs both).
+"""
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 import torch
+
+#: Tests that repeat a path a quick test already covers: node-id regular expressions, each with the quick tests
+#: that cover it. Kept here, not in the test files, so one list says what the quick run leaves out.
+SLOW_REPEATS: dict[str, str] = {
+    # The same compile check (one graph, eager parity at every size) as on unet, flux and wan.
+    r"tests/test_copy_compile_fuse.py::test_compiled_tome_equals_eager_tome_at_every_size_with_no_eager_call_first"
+    r"\[(?!unet\]|flux\]|wan\]).*\]": "[unet], [flux], [wan]",
+    # The second call order of each video composition, kept quick on Wan 2.1.
+    r"tests/test_video_compositions.py::test_\w+_and_tome\[(?!wan-(?!i2v))[^\]]*-tome-last\]": "[wan-...-tome-last]",
+    # The trained video model's probe: test_denoises_better_than_trivial_predictors[video] and test_video.py's trained
+    # video columns stay quick; the same checks run quick on the image shapes.
+    r"tests/test_trained_shapes.py::test_(report_lists_every_reference_method|measuring_leaves_the_model_unmerged_and"
+    r"_options_agree|changes_grow_with_the_merge_ratio|tome_changes_it_less_than_dropping_attention)\[video\]": (
+        "the same test on [unet], [dit], [flux]"
+    ),
+    r"tests/test_trained_shapes.py::test_video_presets_quality_on_the_video_model\[.*\]": (
+        "test_presets.py's quality on the trained UNet and DiT"
+    ),
+    # Bench rows at the real width: PixArt's stays quick.
+    r"tests/test_dit.py::test_bench_rows_for_transformer_architectures\[(?!pixart\]).*\]": "[pixart]",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    patterns = [re.compile(pattern) for pattern in SLOW_REPEATS]
+    for item in items:
+        if any(pattern.fullmatch(item.nodeid) for pattern in patterns):
+            item.add_marker(pytest.mark.slow)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Each xdist worker is one process on a 2-core machine: one torch thread each, or they stall (tests that need
+    # two threads set them).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 @pytest.fixture

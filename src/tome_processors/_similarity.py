@@ -6,8 +6,7 @@ accuracy; it is private and its dtypes depend on the CPU, so it is checked once 
 where it computes what `bmm` would. Everywhere else (CUDA, MPS, under torch.compile) it is one `bmm` and
 one `max`: few ops matter more than FLOPs there.
 
-`cpu_path(t)` says whether a tensor takes that CPU path; `TokenMerge.merge` also sums with an accumulating
-`index_put` there.
+`cpu_path(t)` says whether a tensor takes that CPU path.
 """
 
 from __future__ import annotations

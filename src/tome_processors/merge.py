@@ -25,7 +25,7 @@ from typing import TypeVar
 
 import torch
 
-from ._similarity import best_match, cpu_path
+from ._similarity import best_match
 
 __all__ = [
     "GridLayout",
@@ -123,12 +123,7 @@ class TokenMerge:
                 f"Expected tokens of shape ({self.batch}, {self.num_tokens}, C), but got {tuple(x.shape)}."
             )
         zeros, flat = _zeros(B * self.num_rows, C, x.device, x.dtype), x.reshape(B * N, C)
-        if cpu_path(x):
-            # The same sum. CPU's `index_add` sorts the index in several parallel passes, each waiting for
-            # every thread: on a busy CPU that took up to 5x as long as an accumulating `index_put`.
-            summed = zeros.index_put((self.token_row,), flat, accumulate=True)
-        else:
-            summed = zeros.index_add(0, self.token_row, flat)
+        summed = _row_sum(zeros, self.token_row, flat)
         row_size = self.row_size if self.row_size.dtype == x.dtype else self.row_size.to(x.dtype)
         return (summed / row_size).view(B, self.num_rows, C)
 
@@ -668,6 +663,19 @@ def _batch_offsets(batch: int, rows: int, device: torch.device) -> torch.Tensor:
 
 def _ones(n: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return _constant(("ones", n, device, dtype), lambda: torch.ones(n, 1, device=device, dtype=dtype))
+
+
+def _row_sum(zeros: torch.Tensor, token_row: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """`zeros` with every row of `flat` added to row `token_row[i]`, in the same order on every run.
+
+    The order of a float sum decides its last bits, so the sum must not depend on thread timing: on CUDA
+    `index_add` adds with atomics (another result almost every run, measured on an H100) while an
+    accumulating `index_put` sorts the index first and adds each row's tokens in order; on CPU it is the
+    other way round (`index_put` accumulates from several threads at once, `index_add` does not).
+    """
+    if flat.device.type == "cuda":
+        return zeros.index_put((token_row,), flat, accumulate=True)
+    return zeros.index_add(0, token_row, flat)
 
 
 #: Zero tensors that out-of-place `index_add` sums into: one op per merge where `new_zeros` and `index_add_`

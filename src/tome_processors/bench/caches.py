@@ -61,8 +61,8 @@ class CacheSpec:
 
 
 #: The caches `--cache` offers. Left out: MagCache (it needs magnitude ratios calibrated on the real model's
-#: weights), Pyramid Attention Broadcast (in diffusers 0.42.1 it hooks no attention module of FLUX.1: its
-#: output is unchanged), FasterCache (it fails on FLUX.1 with or without ToMe).
+#: weights), Pyramid Attention Broadcast (not yet measured with ToMe), FasterCache (it fails on FLUX.1 with or
+#: without ToMe).
 CACHES: dict[str, CacheSpec] = {
     "fbc": CacheSpec(
         "FirstBlockCache", lambda _: FirstBlockCacheConfig(threshold=0.2), "First Block Cache, threshold 0.2"

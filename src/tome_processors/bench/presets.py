@@ -7,7 +7,7 @@ Z-Image, the Wan-shaped video model for the video transformers. Two measures per
 the unmerged model:
 
 - one forward at fixed noise levels (`quality.probe_quality`): the change of the noise prediction,
-  the measure the preset targets are stated in ("balanced" at most ToMe at 0.5, "fast" at most twice;
+  the measure the presets' quality bounds are stated in ("balanced" at most ToMe at 0.5, "fast" at most twice;
   on the video model "balanced" also flickers no more than ToMe at 0.5 frame by frame);
 - whole 20-step DDIM runs (`sampling.SamplingProbe`): the change of the final images, where reuse
   across steps (`recompute_every`) and errors carried from step to step show.
@@ -30,7 +30,7 @@ from .methods import config_changes
 from .quality import bench_denoiser, probe_quality
 from .sampling import SamplingProbe
 
-#: The reference every target is stated against: ToMe (tomesd's algorithm) at ratio 0.5.
+#: The reference every bound is stated against: ToMe (tomesd's algorithm) at ratio 0.5.
 REFERENCE = ToMeConfig(ratio=0.5)
 #: How many times the reference's noise-prediction change each preset may cause.
 TARGET_FACTOR = {"exact": None, "balanced": 1.0, "fast": 2.0}
@@ -45,7 +45,7 @@ MEASURED_FAMILIES = tuple(FAMILIES)
 
 
 def preset_quality(families: Sequence[str] = MEASURED_FAMILIES, steps: int = 20) -> list[dict[str, Any]]:
-    """One row per family and preset (and the reference), with both measures and the target check.
+    """One row per family and preset (and the reference), with both measures and the check against its bound.
 
     Example:
         >>> [row["preset"] for row in preset_quality(["unet"])]  # doctest: +SKIP

@@ -176,7 +176,7 @@ def make_inputs(
     if config.addition_embed_type == "text_time":
         time_dims = 6 * int(config.addition_time_embed_dim)
         text_embeds = torch.randn(batch, int(config.projection_class_embeddings_input_dim) - time_dims, generator=g)
-        # original size, crop offset, target size: what SDXL pipelines pass.
+        # original size, crop offset, `target_size`: what SDXL pipelines pass.
         time_ids = torch.tensor([resolution, resolution, 0, 0, resolution, resolution], dtype=torch.float32)
         added = {
             "text_embeds": text_embeds.to(device, dtype),

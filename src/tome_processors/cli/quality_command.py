@@ -5,7 +5,7 @@ held-out crops and clips; prints a markdown report (docs/quality.md).
 Example:
     $ tome-processors quality --threads 1
     $ tome-processors quality --denoiser video --timesteps 300
-    $ tome-processors quality --presets            # every family's presets against their targets
+    $ tome-processors quality --presets            # every family's presets against their bounds
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FAMILY",
         help="instead: the presets of these families (default: all) on the trained model of their shape, "
-        "one forward and whole 20-step runs, against the presets' targets",
+        "one forward and whole 20-step runs, against the presets' quality bounds",
     )
 
 
