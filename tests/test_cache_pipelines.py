@@ -30,5 +30,7 @@ def test_caches_fail_on_these_pipelines_with_or_without_tome(name, tome, tmp_pat
     pipe.transformer.enable_cache(TaylorSeerCacheConfig(cache_interval=2, disable_cache_before_step=1))
     with pytest.raises(ValueError, match="No cache context is set"):
         with torch.no_grad():
-            pipe(**{"height": 32, "width": 32, **args}, num_inference_steps=3, generator=torch.Generator().manual_seed(0))
+            pipe(
+                **{"height": 32, "width": 32, **args}, num_inference_steps=3, generator=torch.Generator().manual_seed(0)
+            )
     pipe.transformer.disable_cache()
