@@ -211,12 +211,13 @@ def test_model_cpu_offload(family, how, tmp_path):
 # ---------------------------------------------------------------- a loop of one's own
 
 
-def own_loop(unet, timesteps_of: Callable[[DDIMScheduler], list]) -> torch.Tensor:
+def own_loop(unet, timesteps_of: Callable[[DDIMScheduler], list], text: torch.Tensor | None = None) -> torch.Tensor:
     scheduler = DDIMScheduler(num_train_timesteps=1000, beta_schedule="scaled_linear", clip_sample=False)
     scheduler.set_timesteps(3)
     g = torch.Generator().manual_seed(0)
     latents = torch.randn(2, 4, 16, 16, generator=g)
-    text = torch.randn(2, 7, 32, generator=g)
+    made = torch.randn(2, 7, 32, generator=g)
+    text = made if text is None else text
     with torch.no_grad():
         for t in timesteps_of(scheduler):
             noise = unet(latents, t, encoder_hidden_states=text).sample
@@ -240,12 +241,16 @@ def test_new_generation_marks_what_a_loop_cannot_show(monkeypatch):
     def made_per_call(scheduler):  # timesteps made for each call view no schedule: no generation is seen
         return [torch.tensor(int(t)) for t in scheduler.timesteps]
 
-    first = own_loop(unet, made_per_call)
+    # One text tensor for every generation: nothing tells them apart (new text embeddings would).
+    text = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0))
+    first = own_loop(unet, made_per_call, text)
     per_generation = len(matchings)
-    own_loop(unet, made_per_call)
+    own_loop(unet, made_per_call, text)
     assert len(matchings) != 2 * per_generation  # the count went on from the last generation
     tp.new_generation(unet)
-    assert torch.equal(own_loop(unet, made_per_call), first)
+    assert torch.equal(own_loop(unet, made_per_call, text), first)
+    fresh = own_loop(unet, made_per_call)  # new text embeddings in each: a generation of their own
+    assert torch.equal(own_loop(unet, made_per_call), fresh)
     with pytest.raises(ValueError, match="Expected a model with ToMe on it"):
         tp.new_generation(tiny_unet("sd15"))
 

@@ -471,12 +471,15 @@ BUDGETS = [
     *(pytest.param(name, {"share_level": True}, 10, id=f"{name}-share_level") for name in BATCH2_FAMILIES),
     # Wan gathers each merge's rotary tables (cos and sin in one gather) and merges frame by frame: the
     # frames are the matching's batch, folded back into the clip's rows (two ops).
+    # Wan's pipelines call it at batch 1, where its destinations are random too (no odd-batch rule on its family):
+    # every block's destinations drawn once per forward, about one op a block (measured, 30 blocks at batch 1:
+    # 28.9 / 25.0 / 7.6; with use_rand=False 28.1 / 24.1 / 6.7).
     pytest.param("wan", {}, 30, id="wan"),
-    pytest.param("wan", {"st": 2}, 25, id="wan-st2"),
-    pytest.param("wan", {"st": 2, "share_level": True}, 7, id="wan-st2-share_level"),
+    pytest.param("wan", {"st": 2}, 26, id="wan-st2"),
+    pytest.param("wan", {"st": 2, "share_level": True}, 8, id="wan-st2-share_level"),
     # Window matching: one gather and a product per source where global matching multiplies with every
-    # destination, the ranked destinations one `take` (measured: as global, 24.1 across frames, 28.1 per frame).
-    pytest.param("wan", {"st": 2, "matching": "window"}, 25, id="wan-st2-window"),
+    # destination, the ranked destinations one `take` (measured: as global, 25.0 across frames, 28.9 per frame).
+    pytest.param("wan", {"st": 2, "matching": "window"}, 26, id="wan-st2-window"),
     pytest.param("wan", {"matching": "window"}, 30, id="wan-window"),
     pytest.param("flux", {"matching": "window"}, 28, id="flux-window"),
     # LTX-Video as Wan, its rotary tables one per sample (`(B, N, D)`: one gather at (sample, row) positions).

@@ -66,6 +66,14 @@ def _check_mergeable(model: torch.nn.Module) -> Family:
     return family
 
 
+def check_config(model: torch.nn.Module, config: ToMeConfig) -> Family:
+    """Raise what `apply_tome(model, config)` would raise (an unsupported model, one without attention, options its
+    family cannot honour, such as `st=2` on an image model) before anything changes; the model's family otherwise."""
+    family = _check_mergeable(model)
+    family.check_config(model, config)
+    return family
+
+
 def inner_processor(model: torch.nn.Module, attn: torch.nn.Module, family: Family | None = None) -> Any:
     """The processor ToMe runs on `attn`, an attention module of `model`: its processor, or a `ToMeProcessor`'s
     inner one (for a `ToMeProcessor()` without one, a new processor of the class `model` builds `attn` with).
@@ -131,9 +139,8 @@ def apply_tome(
     models = target_models(model_or_pipeline)
     plans = []
     for model in models:  # check everything before changing anything
-        family = _check_mergeable(model)
         model_config = resolve_config(model, config, preset, kwargs)
-        family.check_config(model, model_config)
+        family = check_config(model, model_config)
         plans.append((model, family, model_config))
     for model, family, model_config in plans:
         warn_if_merges_nothing(model, model_config, stacklevel=2, family=family)

@@ -8,14 +8,16 @@ blocks hold this attention module gets the merge context (as `apply_tome` would 
 this forward's context is started from the arguments that model and the block were called with,
 so the first forward merges exactly as `apply_tome` would have (positional or keyword calls alike).
 
-Nothing runs before a processor's first call. Where no such model is found inside a diffusers model's
-forward (the VAE's attention), the attention module is remembered and passed straight through from then
-on. A compiled model's first call is traced, not run, and hooks cannot be added inside a traced graph:
-so the first `ToMeProcessor` made registers one function with dynamo's compile-start callbacks, the
-only thing ToMe installs process-wide. When dynamo starts compiling a frame inside such a model (the
-whole model, or one of its blocks), it attaches the context from the real frames of the calls that led
-there, before anything is traced: the first compiled call merges as an eager one, in one graph. Where
-dynamo forgot that function (`torch._dynamo.reset()` after the processor was made), the processor's
+Nothing runs before a processor's first call. Options that `apply_tome` refuses on the model
+(`Family.check_config`: `st=2` on an image model, K/V pooling on joint attention) raise the same `ValueError`
+at that first call, before anything is attached. Where no such model is found inside a diffusers model's
+forward (the VAE's attention), the attention module is remembered and passed straight through from then on. A
+compiled model's first call is traced, not run, and hooks cannot be added inside a traced graph: so the first
+`ToMeProcessor` made registers one function with dynamo's compile-start callbacks, the only thing ToMe
+installs process-wide. When dynamo starts compiling a frame inside such a model (the whole model, or one of
+its blocks), it attaches the context from the real frames of the calls that led there, before anything is
+traced: the first compiled call merges as an eager one, in one graph. Where dynamo forgot that function
+(`torch._dynamo.reset()` after the processor was made), the processor's
 first compiled call attaches outside the graph (one graph break, at that call).
 
 The block being called while the context is attached had no pre-hook this forward (its metric is
@@ -28,7 +30,6 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-import warnings
 import weakref
 from types import FrameType
 from typing import Any
@@ -210,10 +211,9 @@ def _attach(
         site = next((s for s in sites if any(a.module is attn for a in s.attentions)), None)
         if site is None:
             continue
-        if family.merge_only and config.mode != "merge":
-            warnings.warn(
-                f"ToMe mode={config.mode!r} merges nothing on {type(model).__name__}; use mode='merge'.", stacklevel=5
-            )
+        # The options `apply_tome` refuses on this model (`st=2` on an image model, K/V pooling on joint attention)
+        # are refused here too, before anything is installed: this forward raises, and so would the next.
+        family.check_config(model, config)
         warn_if_merges_nothing(model, config, stacklevel=5, family=family)
         context = install(model, config, family, processor_type)
         # This forward's pre-hooks ran before the hooks existed: start its context from the calls themselves.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,6 +24,11 @@ _MATCHINGS = ("global", "window")
 Preset = Literal["exact", "balanced", "fast"]
 #: The preset names, from the most faithful to the fastest.
 PRESETS: tuple[str, ...] = ("exact", "balanced", "fast")
+#: The fields that take a number (any real or integer scalar, NumPy's included; never a bool).
+_NUMBER_FIELDS = (
+    "ratio", "max_downsample", "sx", "sy", "st", "seed", "kv_factor", "recompute_every", "ratio_start",
+    "num_train_timesteps",
+)  # fmt: skip
 
 
 def _expect(condition: bool, what: str, value: Any) -> None:
@@ -31,11 +37,20 @@ def _expect(condition: bool, what: str, value: Any) -> None:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    # Any integer (Python's, NumPy's: `numbers.Integral`), but no bool.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    # Any real number (Python's, NumPy's `float32` / `float64` / integers: `numbers.Real`), but no bool.
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _plain(value: Any) -> Any:
+    """A NumPy (or other `numbers`) scalar as the Python int or float it stands for; Python numbers unchanged."""
+    if type(value) in (int, float) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,8 @@ class ToMeConfig:
     The defaults follow tomesd (ToMe for SD), except that `max_downsample="auto"` picks the
     highest-resolution level that has attention, so SDXL is merged instead of silently skipped.
     The options from `mode` on go beyond tomesd; their defaults keep tomesd's behaviour.
+    Numbers may be any real or integer scalar (NumPy's `float32`, `int64`, ...), stored as the Python
+    float or int they stand for; bools are refused where a number is expected.
 
     Args:
         ratio: Share of the tokens to merge away, `r = int(N * ratio)`. From 0 up to the cap
@@ -60,7 +77,9 @@ class ToMeConfig:
             any frame of the clip, so a static background collapses across time (`sx=sy=1` merges
             across time only). Image models accept only 1.
         use_rand: Choose each window's destination at random (reproducibly, from `seed`) instead of
-            its top-left token. Turned off for odd batch sizes, as in tomesd.
+            its top-left token. Turned off for odd batch sizes, as in tomesd, on the families whose
+            pipelines batch classifier-free guidance (UNets, PixArt, SD3, LTX, Z-Image); random at every
+            batch size on FLUX.1, FLUX.2, Chroma, Qwen-Image, Wan and HunyuanVideo (docs/options.md).
         merge_attn: Merge the tokens entering self-attention (recommended).
         merge_crossattn: Merge the tokens entering cross-attention (not recommended).
         merge_mlp: Merge the tokens entering the feed-forward (quality drops quickly).
@@ -75,9 +94,10 @@ class ToMeConfig:
         share_level: compute one merge per level and forward, from the first block of the level,
             and share it with the other blocks of that level (cheaper, slightly different).
         recompute_every: recompute merges every this many denoising steps and reuse them in
-            between (1 = every forward, as tomesd). A forward with another timestep object than the
-            last is a new step, counted on the host since the last reset (after every call of a
-            pipeline with `enable_tome`), so the timestep is never read back from the device.
+            between (1 = every forward, as tomesd). Counted on the host per branch (the forwards with
+            one text input): a forward with another timestep object than its branch's last is a new
+            step, so guidance run as two calls per step counts steps, not calls, and each call reuses
+            its own merges. The timestep is never read back from the device.
         level_ratios: a ratio per downsample level, e.g. `{1: 0.6, 2: 0.3}`; levels not listed are
             not merged and `max_downsample` is not used. Stored as sorted `(level, ratio)` pairs, so
             the config stays hashable.
@@ -195,12 +215,15 @@ class ToMeConfig:
                     f"level_ratios values between 0 and {cap:g}",
                     level_ratio,
                 )
-            # Stored as sorted pairs so the config stays hashable (merges are cached per config).
-            object.__setattr__(self, "level_ratios", tuple(sorted(dict(self.level_ratios).items())))
+            # Stored as sorted pairs of plain numbers so the config stays hashable (merges are cached per config).
+            pairs = sorted((_plain(level), _plain(value)) for level, value in dict(self.level_ratios).items())
+            object.__setattr__(self, "level_ratios", tuple(pairs))
         for flag in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_level", "pays_only"):
             value = getattr(self, flag)
             _expect(isinstance(value, bool), f"{flag} to be a bool", value)
         _expect(_is_int(self.seed) and self.seed >= 0, "seed to be a non-negative integer", self.seed)
+        for name in _NUMBER_FIELDS:  # NumPy scalars stored as the Python numbers they stand for
+            object.__setattr__(self, name, _plain(getattr(self, name)))
 
     @property
     def max_ratio(self) -> float:

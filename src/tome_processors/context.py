@@ -49,6 +49,26 @@ class _KeptMerge:
     step: int
 
 
+#: Branches (calls of one step with another text input) counted at once; the oldest is forgotten beyond.
+_MAX_BRANCHES = 8
+
+
+@dataclass
+class _Branch:
+    """The calls of a generation with one text input (a weak reference; None where the call has none).
+
+    Pipelines that run classifier-free guidance as two model calls (Qwen-Image, Chroma, Wan) pass the prompt's
+    embeddings in one and the negative prompt's in the other, the same two tensors at every step: each branch
+    counts its own steps and keeps its own merges, so neither call reuses the other's.
+    """
+
+    text: weakref.ref | None
+    key: int
+    step: int = 0
+    last_timestep: object = None
+    marker: torch.Tensor | None = None  # its last generation marker (`Family.generation_marker`), held
+
+
 @dataclass
 class ModelState:
     """What one forward of the model tells the blocks, and what is cached for them.
@@ -63,6 +83,8 @@ class ModelState:
         one_grid: whether every merged block sees the latent's token grid alone (no downsampled levels, no
             text tokens beside it): Wan, LTX-Video, PixArt. Then each block's pre-hook makes the forward's
             partitions (`BlockState.prepare`).
+        fixed_at_odd_batch: tomesd's rule: random destinations (`use_rand`) are turned off at an odd batch,
+            which cannot hold a classifier-free guidance's two halves (`Family.guidance_in_batch`).
         latent_hw: `(H, W)` of the model's token grid in the current (or last) forward.
         frames: frames of that grid (a video model's; 1 for an image).
         tail: tokens after the grid's in the model's image-token input, never merged (`Family.trailing_tokens`:
@@ -70,11 +92,15 @@ class ModelState:
         timestep: the current forward's timestep as given (a tensor stays on its device).
         timestep_value: the timestep as a number, only for `ratio_start`: from the generation's
             `HostSchedule` where it has this forward's timestep, else read on the host.
-        step: denoising steps since the generation started, for `recompute_every`: a forward with another
-            timestep object (or number) than the last is a new step, so two calls of one step (an
-            unbatched classifier-free guidance) share it; nothing is read from the device. A generation
+        step: denoising steps since the generation started, for `recompute_every`, counted per branch: the
+            forwards with one text input (`encoder_hidden_states`, the same tensor object) form a branch, and a
+            forward with another timestep object (or number) than its branch's last is the branch's next step.
+            A classifier-free guidance run as two calls per step (the prompt's and the negative prompt's
+            embeddings) so counts denoising steps, however each call makes its timestep (Qwen-Image and Chroma
+            pass a new `timestep / 1000` to each); nothing is read from the device. A generation
             starts at `reset()` and at a forward whose generation marker (`Family.generation_marker`: the
-            schedule a pipeline's timestep views, Flux's `img_ids`) is another than the last one's.
+            schedule a pipeline's timestep views, FLUX.1's and Chroma's `img_ids`, FLUX.2's `txt_ids`) is another
+            than its branch's last one; a branch whose text tensor is gone is forgotten with its merges.
         num_blocks: blocks registered (`BlockState`), for drawing every block's destinations at once.
         kept: merges kept for `recompute_every`.
     """
@@ -85,6 +111,8 @@ class ModelState:
     rotary: Rotary | None = None
     masks_text_only: bool = False
     one_grid: bool = False
+    fixed_at_odd_batch: bool = True
+    warned_chunks: bool = False  # `merge_mlp` said once that a feed-forward chunked over the tokens is not merged
     latent_hw: tuple[int, int] | None = None
     frames: int = 1
     tail: int = 0
@@ -112,6 +140,9 @@ class ModelState:
     # number) and whether the last forward ran in inference mode.
     _last_timestep: object = None
     _inference: bool | None = None
+    # The current forward's branch (its key in `kept`), and the generation's branches (`_Branch`).
+    branch: int = 0
+    _branches: list[_Branch] = field(default_factory=list, repr=False, compare=False)
     # The current generation's marker (`Family.generation_marker`), held so that no later tensor can take
     # its storage's address while it is compared with.
     _generation: torch.Tensor | None = None
@@ -125,7 +156,13 @@ class ModelState:
         # A copy (`copy.deepcopy`, `pickle`) starts with no generation and empty caches: they hold the
         # last forward's tensors and weak references, and fill again at the copy's first forward.
         fresh = ModelState(
-            self.config, self.auto_downsample, self.needs_row_token, self.rotary, self.masks_text_only, self.one_grid
+            self.config,
+            self.auto_downsample,
+            self.needs_row_token,
+            self.rotary,
+            self.masks_text_only,
+            self.one_grid,
+            self.fixed_at_odd_batch,
         )
         fresh.num_blocks = self.num_blocks
         return dict(vars(fresh))
@@ -139,6 +176,7 @@ class ModelState:
         self.timestep_value = None
         self.step = 0
         self._last_timestep = None
+        self._forget_branches()
         self._generation = None
         self._stacks = ()
         self._shared = ()
@@ -155,6 +193,7 @@ class ModelState:
         marker: torch.Tensor | None = None,
         frames: int = 1,
         tail: int = 0,
+        text: object = None,
     ) -> None:
         """Record the token grid (a UNet's latent, a transformer's patch grid; `frames` of it in a video) and
         timestep of a forward, and the `tail` of tokens after the grid's (`ModelState.tail`).
@@ -163,9 +202,9 @@ class ModelState:
         `ratio_start` takes `timestep_value` (the timestep as found in a `HostSchedule`), reading the
         timestep on the host only where that is None. `marker` (`Family.generation_marker`, or None where
         the call tells nothing) starts a new generation where its storage is another than the last one's.
+        `text` (the call's text input, only with `recompute_every > 1`) names the forward's branch (`step`).
         """
-        if self.config.recompute_every > 1 and marker is not None:
-            self._follow_generation(marker)
+        branch = self._enter_branch(text, marker) if self.config.recompute_every > 1 else None
         # Another image size: merges kept for reuse no longer fit. (`kept` first: nothing is kept in a compiled
         # forward, and the last forward's size read there would be a guard that the next forward fails.)
         if self.kept and self.latent_hw is not None and (latent_hw, frames) != (self.latent_hw, self.frames):
@@ -178,8 +217,8 @@ class ModelState:
         self._stacks = ()
         self._shared = ()
         self.rotary_tables = ()
-        if self.config.recompute_every > 1:  # host counting: reuse across steps is for eager runs
-            self._count_step(timestep)
+        if branch is not None:  # host counting: reuse across steps is for eager runs
+            self._count_step(timestep, branch)
         if self.config.ratio_start is not None:
             self.timestep_value = timestep_value if timestep_value is not None else _timestep_value(timestep)
 
@@ -201,26 +240,57 @@ class ModelState:
         for block in self.blocks:
             block.planned = ()
 
-    def _follow_generation(self, marker: torch.Tensor) -> None:
-        last = self._generation
-        # Storage addresses are host metadata (no device read); the last marker is held, so a new
-        # tensor cannot have its address.
-        if last is None or last.untyped_storage().data_ptr() != marker.untyped_storage().data_ptr():
-            self.step = 0
-            self._last_timestep = None
-            self.kept.clear()
-        self._generation = marker
+    def _forget_branches(self) -> None:
+        self._branches = []
+        self.branch = 0
 
-    def _count_step(self, timestep: object) -> None:
-        last = self._last_timestep
+    def _drop_branches(self, dropped: list[_Branch]) -> None:
+        """Forget `dropped` branches and the merges they kept."""
+        if not dropped:
+            return
+        gone = {branch.key for branch in dropped}
+        self._branches = [branch for branch in self._branches if branch.key not in gone]
+        self.kept = {key: kept for key, kept in self.kept.items() if key[2] not in gone}  # key[2]: the branch
+
+    def _enter_branch(self, text: object, marker: torch.Tensor | None) -> _Branch:
+        """The branch of a forward with text input `text` and generation marker `marker` (identity checks only).
+
+        A branch whose marker's storage is another than its last one's starts a new generation: every branch and
+        kept merge is forgotten. Branches whose text tensor is gone (the last call's prompt embeddings) are
+        forgotten with their merges. Storage addresses are host metadata (no device read); each branch holds its
+        last marker, so that no new tensor can have its address.
+        """
+        text = text if isinstance(text, torch.Tensor) else None
+        self._drop_branches([b for b in self._branches if b.text is not None and b.text() is None])
+        branch = next((b for b in self._branches if (b.text() if b.text is not None else None) is text), None)
+        if branch is not None and marker is not None and branch.marker is not None:
+            if branch.marker.untyped_storage().data_ptr() != marker.untyped_storage().data_ptr():
+                self.kept.clear()  # a new generation
+                self._forget_branches()
+                branch = None
+        if branch is None:
+            if len(self._branches) >= _MAX_BRANCHES:
+                self._drop_branches(self._branches[:1])
+            used = {b.key for b in self._branches}
+            key = next(k for k in range(len(used) + 1) if k not in used)  # the first branch of a generation is 0
+            branch = _Branch(weakref.ref(text) if text is not None else None, key)
+            self._branches = [*self._branches, branch]
+        if marker is not None:
+            branch.marker = marker
+            self._generation = marker
+        return branch
+
+    def _count_step(self, timestep: object, branch: _Branch) -> None:
+        last = branch.last_timestep
         if isinstance(timestep, torch.Tensor):
             same = isinstance(last, weakref.ref) and last() is timestep
-            self._last_timestep = weakref.ref(timestep)
+            branch.last_timestep = weakref.ref(timestep)
         else:
             same = last is not None and not isinstance(last, weakref.ref) and last == timestep
-            self._last_timestep = timestep
+            branch.last_timestep = timestep
         if last is not None and not same:
-            self.step += 1
+            branch.step += 1
+        self.step, self.branch, self._last_timestep = branch.step, branch.key, branch.last_timestep
         inference = torch.is_inference_mode_enabled()
         if inference != self._inference:  # merges made in inference mode cannot be reused with autograd on
             self.kept.clear()
@@ -265,8 +335,9 @@ class ModelState:
                 return place
         layout = self.layout(grid, config, device)
         lead = self.needs_row_token
-        # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd).
-        if config.use_rand and samples % 2 == 0:
+        # An odd batch cannot hold matching prompted/unprompted halves: no randomness (as tomesd), on the families
+        # whose pipelines batch the two halves of a classifier-free guidance (`fixed_at_odd_batch`).
+        if config.use_rand and (samples % 2 == 0 or not self.fixed_at_odd_batch):
             stack = self._stack(config, layout, batch, device)
             if text or text_rows or lead:  # once per forward for every block, not in each block
                 stack = layout.with_text(stack, batch, text, text_rows, lead)
@@ -387,6 +458,7 @@ class BlockState:
     merged_config: ToMeConfig | None = None
     merge: TokenMerge | None = None
     ff_merge: TokenMerge | None = None
+    ff_chunk_start: int = 0  # the next sample of a feed-forward chunked over the batch (`enable_forward_chunking`)
     # This block's partitions in this forward, one per grid and layout (`ModelState.partitions`: where).
     planned: tuple[Partition, ...] = field(default=(), repr=False, compare=False)
     #: With `pays_only`: this block's factor in this forward (0: merges nothing; `ModelState.set_paying`).
@@ -408,6 +480,7 @@ class BlockState:
         self.merged_config = None
         self.merge = None
         self.ff_merge = None
+        self.ff_chunk_start = 0
 
     def grid(self, num_tokens: int) -> Grid | None:
         """The token grid of this block in the current forward, or None if it is not one."""
@@ -535,7 +608,8 @@ class BlockState:
         if config.recompute_every <= 1:
             return self._compute(config, metric, grid, r, text, rows, tail)
         model = self.model
-        kept_key = (config, -1 if config.share_level else self.index, metric.shape[0], grid, r, text, rows, tail)
+        block = -1 if config.share_level else self.index
+        kept_key = (config, block, model.branch, metric.shape[0], grid, r, text, rows, tail)
         kept = model.kept.get(kept_key)
         if kept is not None and model.step - kept.step < config.recompute_every:
             return kept.merge

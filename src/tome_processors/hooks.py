@@ -23,6 +23,7 @@ everything ToMe installed, so nothing of ToMe runs from that forward on.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import warnings
 from collections.abc import Sequence
@@ -146,12 +147,19 @@ class ModelHooks:
         if not is_compiling() and not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames):
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         tail = family.trailing_tokens(args, kwargs, grid)
+        # The text input names the forward's branch of the step (two calls per step for a classifier-free guidance).
+        text = None
+        if state.config.recompute_every > 1 and not is_compiling():
+            position = _text_position(model)
+            text = kwargs.get("encoder_hidden_states") if position is None else None
+            if position is not None:
+                text = argument(args, kwargs, position, "encoder_hidden_states")
         paying = None
         if state.config.pays_only:
             paying = self.paying(grid[-2:], frames, self._device_type(model, args, kwargs))
         # Where nothing pays, not even the family's timestep scaling (an op on Flux) runs.
         timestep = family.timestep(args, kwargs) if paying is None or any(paying) else None
-        state.begin(grid[-2:], timestep, value, marker, frames, tail)
+        state.begin(grid[-2:], timestep, value, marker, frames, tail, text)
         state.set_paying(paying)
 
     def _device_type(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> str:
@@ -238,6 +246,20 @@ class ModelHooks:
         logger.debug("ToMe stood down on %s: no attention module holds a ToMe processor", type(model).__name__)
 
 
+def _text_position(model: torch.nn.Module) -> int | None:
+    """Where `model.forward` takes `encoder_hidden_states` when passed by position, or None where it takes none."""
+    return _forward_parameter(type(model), "encoder_hidden_states")
+
+
+@functools.cache
+def _forward_parameter(model_type: type, name: str) -> int | None:
+    try:
+        names = list(inspect.signature(model_type.forward).parameters)[1:]  # after `self`
+    except (TypeError, ValueError):
+        return None
+    return names.index(name) if name in names else None
+
+
 class _ModelPreHook:
     """The model's forward pre-hook; holds the context, so `context_of` finds it among the model's hooks.
 
@@ -285,16 +307,41 @@ class _FeedForwardPreHook:
         block_state.ff_merge = None
         hidden_states = argument(args, kwargs, 0, "hidden_states")
         merge = block_state.merge_for(self.config, text=None)  # the attention's merge, whatever its positions
-        # Chunked feed-forward (set_chunk_feed_forward) sees slices: leave those alone.
         if merge is None or not isinstance(hidden_states, torch.Tensor) or hidden_states.ndim != 3:
             return None
         if (merge.batch, merge.num_tokens) != tuple(hidden_states.shape[:2]):
-            return None
+            merge = _chunk_merge(block_state, merge, hidden_states)
+            if merge is None:
+                return None
         block_state.ff_merge = merge
         merged = merge.merge(hidden_states)
         if args:
             return (merged, *args[1:]), kwargs
         return args, {**kwargs, "hidden_states": merged}
+
+
+def _chunk_merge(block_state: BlockState, merge: Any, hidden_states: torch.Tensor) -> Any:
+    """The merge of one chunk of a chunked feed-forward (`enable_forward_chunking`), or None.
+
+    Chunks over the batch (diffusers' default, `dim=0`) come in order, each a few whole samples: each gets the
+    merge of its samples. Chunks over the tokens (`dim=1`) hold a part of each sample's tokens, which no merge
+    covers: they are not merged, and a warning says so once per model.
+    """
+    batch, tokens = int(hidden_states.shape[0]), int(hidden_states.shape[1])
+    if tokens == merge.num_tokens and merge.batch % batch == 0 and not (merge.text_rows or merge.tail):
+        start = block_state.ff_chunk_start
+        block_state.ff_chunk_start = (start + batch) % merge.batch
+        return merge.samples(start, start + batch)
+    model = block_state.model
+    if tokens < merge.num_tokens and merge.num_tokens % tokens == 0 and not model.warned_chunks and not is_compiling():
+        model.warned_chunks = True
+        warnings.warn(
+            "ToMe's merge_mlp=True merges nothing in a feed-forward chunked over the tokens "
+            "(enable_forward_chunking(dim=1)): chunk over the batch (dim=0, the default) to merge it. (Said once.)",
+            UserWarning,
+            stacklevel=2,
+        )
+    return None
 
 
 class _FeedForwardPostHook:
@@ -329,6 +376,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
         rotary=family.rotary,
         masks_text_only=family.masks_text_only,
         one_grid=_one_grid(model, family),
+        fixed_at_odd_batch=family.guidance_in_batch,
     )
     context = ModelHooks(model, state, family, processor_type)
     context.watched = attention_modules(model)

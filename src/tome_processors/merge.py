@@ -134,6 +134,27 @@ class TokenMerge:
         # on the flat index and a reshape back (as fast on CPU).
         return torch.nn.functional.embedding(self.token_rows, y.reshape(B * M, C))
 
+    def samples(self, start: int, stop: int) -> TokenMerge:
+        """This merge of samples `start` to `stop` only (a feed-forward chunked over the batch calls each chunk apart).
+
+        Example:
+            >>> sizes = torch.tensor([[2.0], [1.0], [1.0], [2.0]])
+            >>> merge = TokenMerge(torch.tensor([0, 0, 1, 2, 3, 3]), sizes, 2, 3, 2)
+            >>> merge.samples(1, 2).merge(torch.tensor([[[1.0], [4.0], [6.0]]])).flatten().tolist()
+            [1.0, 5.0]
+        """
+        if self.text_rows or self.tail:
+            raise ValueError(
+                f"Expected a merge of grid tokens only, but got {self.text_rows} text rows, {self.tail} tail."
+            )
+        M = self.num_rows
+        token_rows = self.token_rows[start:stop] - start * M
+        row_token = self.row_token[start:stop] if self.row_token is not None else None
+        size = self.row_size[start * M : stop * M]
+        return TokenMerge(
+            token_rows.reshape(-1), size, stop - start, self.num_tokens, M, row_token, token_rows, self.text
+        )
+
     def with_text_rows(self, text: int) -> TokenMerge:
         """This merge of the grid's tokens extended to `text` text tokens ahead of them, each a row of its own.
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from .apply import apply_tome, denoiser_of, remove_tome, resolve_config, target_models
+from .apply import apply_tome, check_config, denoiser_of, remove_tome, resolve_config, target_models
 from .config import Preset, ToMeConfig
 from .hooks import context_of, unwatch_schedule, watch_schedule
 from .processor import ToMeProcessor
@@ -97,6 +97,8 @@ def enable_tome(
     # Without a config, each model's family defaults (tomesd's for UNets, docs/transformers.md for
     # transformers); resolved and validated before anything is changed.
     configs = [resolve_config(model, config, preset, options) for model in models]
+    for model, model_config in zip(models, configs, strict=True):  # what `apply_tome` refuses, refused here first
+        check_config(model, model_config)
     config = configs[0]
     disable_tome(pipe)
     try:
@@ -130,27 +132,50 @@ def disable_tome(pipe: Any) -> Any:
     """Undo `enable_tome`: inner processors back, hooks and wrapped methods gone.
 
     The pipeline's images are then bit-identical to never having enabled ToMe. Disabling a
-    pipeline without ToMe does nothing.
+    pipeline without ToMe does nothing. ToMe lives on the models: pipelines that share one (`from_pipe`)
+    share its ToMe, and disabling any of them takes it off that model for all of them.
 
     Example:
         >>> tome_processors.disable_tome(pipe)  # doctest: +SKIP
     """
     state: _PipelineState | None = pipe.__dict__.get(PIPELINE_ATTR)
-    if state is None:
-        return pipe
-    unwatch_schedule(pipe)
-    for model in state.models:
+    if state is not None:
+        unwatch_schedule(pipe)
+        for model in state.models:
+            _forget_model(model)
+        del pipe.__dict__[PIPELINE_ATTR]
+    # A model shared with another pipeline (`from_pipe`) that enabled ToMe on it: ToMe lives on the model, so it
+    # goes for every pipeline that shares it.
+    for model in _shared_enabled_models(pipe):
         _forget_model(model)
-    del pipe.__dict__[PIPELINE_ATTR]
     return pipe
 
 
-def tome_config_of(pipe: Any) -> ToMeConfig | None:
-    """The `ToMeConfig` enabled on `pipe`, or None."""
-    state: _PipelineState | None = pipe.__dict__.get(PIPELINE_ATTR)
-    if state is None or not all(context_of(m) is not None for m in state.models):
+def _enabled_config(model: torch.nn.Module) -> ToMeConfig | None:
+    """The options `enable_tome` (of any pipeline) runs on `model` now, or None."""
+    context = context_of(model)
+    if context is None or context.keeper is None or not context.keeper.keep_all:
         return None
-    return state.config
+    return context.model_state.config
+
+
+def _shared_enabled_models(pipe: Any) -> list[torch.nn.Module]:
+    """The models of `pipe` (denoisers and ControlNets) with ToMe on them from `enable_tome`."""
+    if isinstance(pipe, torch.nn.Module) or denoiser_of(pipe) is None:
+        return []
+    controlnet = isinstance(getattr(pipe, "controlnet", None), torch.nn.Module)
+    return [model for model in target_models(pipe, controlnet) if _enabled_config(model) is not None]
+
+
+def tome_config_of(pipe: Any) -> ToMeConfig | None:
+    """The `ToMeConfig` that `enable_tome` runs on `pipe`'s denoiser now, or None.
+
+    Pipelines that share their denoiser (`from_pipe`) share its ToMe: each reports the options of the last
+    `enable_tome` on any of them.
+    """
+    if isinstance(pipe, torch.nn.Module) or denoiser_of(pipe) is None:
+        return None
+    return _enabled_config(target_models(pipe)[0])
 
 
 class ToMeMixin:

@@ -111,6 +111,15 @@ class _BuiltProcessors:
         return (_BuiltProcessors, ())
 
 
+#: `object`'s own `__class__` slot: what the `__class__` property's setter assigns through.
+_OBJECT_CLASS = object.__dict__["__class__"]
+
+
+def _new_processor(processor_type: type) -> Any:
+    """An empty processor of `processor_type`, filled by `__setstate__` (pickle, `copy.deepcopy`)."""
+    return processor_type.__new__(processor_type)
+
+
 def missing_inner_error(attn: torch.nn.Module) -> ValueError:
     """The error for a `ToMeProcessor()` without an inner processor on a module whose processor ToMe cannot tell."""
     return ValueError(
@@ -133,7 +142,9 @@ class ToMeProcessor(torch.nn.Module):
     inner processor.
 
     It is an `nn.Module` so that an inner processor with weights (IP-Adapter) moves with `.to()`;
-    it has no parameters of its own.
+    it has no parameters of its own. It answers type checks for its inner processor: `p.__class__` is the
+    inner processor's class and `isinstance(p, IPAdapterAttnProcessor2_0)` holds where it wraps one, while
+    `type(p)` is `ToMeProcessor` and `isinstance(p, ToMeProcessor)` holds too.
 
     Args:
         inner: the processor to run on the merged tokens. Without one, each attention module runs the
@@ -177,6 +188,29 @@ class ToMeProcessor(torch.nn.Module):
         self._sdpa = AttnProcessor2_0() if inner is None or isinstance(inner, FusedAttnProcessor2_0) else None
         watch_compiles(type(self))  # a model compiled before any call attaches before its first trace (attach.py)
 
+    # Type transparency: code that checks a processor's type (diffusers' IP-Adapter checks,
+    # `isinstance(p, FluxIPAdapterAttnProcessor)` over `model.attn_processors`, users' code) sees the
+    # processor this one wraps, as `unittest.mock`'s `spec` and `wrapt.ObjectProxy` answer `__class__`.
+    # `type(p)` stays `ToMeProcessor`, and `isinstance` checks it first: `isinstance(p, ToMeProcessor)` holds.
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: D105
+        inner = self._inner_processor()
+        return type(self) if inner is None else inner.__class__
+
+    @__class__.setter
+    def __class__(self, value: type) -> None:
+        _OBJECT_CLASS.__set__(self, value)
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        # pickle refuses `object`'s reduction where `__class__` is not the type; rebuilt from the type and state.
+        return (_new_processor, (type(self),), self.__getstate__())
+
+    def _get_name(self) -> str:  # what `repr` shows: the wrapper, with its inner processor in `extra_repr`
+        return type(self).__name__
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(dir(type(self))) | set(self.__dict__) | set(self._modules))
+
     def __getstate__(self) -> dict:
         # `__call__` is bound to this processor: made again from the signature (`pickle` would bind it to
         # the half-made copy's `nn.Module.__call__`).
@@ -210,7 +244,7 @@ class ToMeProcessor(torch.nn.Module):
 
     def _inner_processor(self) -> Any:
         inner = self.__dict__.get("inner")
-        return inner if inner is not None else self._modules.get("inner")
+        return inner if inner is not None else self.__dict__.get("_modules", {}).get("inner")
 
     def built_inner(self, attn: torch.nn.Module, built_with: type | None = None) -> Any:
         """The processor this one runs on `attn`: `inner`, or without one a new processor of the class

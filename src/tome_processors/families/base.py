@@ -240,6 +240,11 @@ class Family:
     merge_only = False
     defaults: dict[str, Any] = {}
     presets: dict[str, dict[str, Any]] = {}
+    #: Whether the family's pipelines run classifier-free guidance as one batch of both halves (the UNets, SVD,
+    #: PixArt, SD3, LTX-Video, LTX-2, Z-Image). There, as in tomesd, an odd batch turns random destinations
+    #: (`use_rand`) off. False where the pipelines call the model once per branch or without guidance, at batch 1
+    #: (FLUX.1, FLUX.2, Chroma, Qwen-Image, Wan, HunyuanVideo): random destinations at every batch size.
+    guidance_in_batch = True
 
     #: The processor class every attention module of the family's models is built with, where that is not the
     #: attention class's default (Qwen-Image's `Attention` modules: `QwenDoubleStreamAttnProcessor2_0`).

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from diffusers import ChromaTransformer2DModel, Flux2Transformer2DModel
 
+from .._similarity import is_compiling
+from ..arguments import argument
 from .base import Layout, Span, Stack
 from .flux import FluxFamily, IdsGridFamily
 
@@ -53,6 +56,15 @@ class Flux2Family(IdsGridFamily):
     stacks = _FLUX2_STACKS
     timestep_position = 2
     ids_position = 3
+    txt_ids_position = 4
     reference_tail = True
     defaults: dict[str, Any] = dict(FluxFamily.defaults)
     presets: dict[str, dict[str, Any]] = FluxFamily.presets
+
+    def generation_marker(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """`txt_ids`, which the FLUX.2 pipelines make once per call (from the prompt's embeddings). Not `img_ids`:
+        given reference images, the pipeline concatenates the image's ids and theirs anew at every step."""
+        if is_compiling():
+            return None
+        ids = argument(args, kwargs, self.txt_ids_position, "txt_ids")
+        return ids if isinstance(ids, torch.Tensor) else super().generation_marker(args, kwargs)

@@ -25,6 +25,8 @@ class IdsGridFamily(Family):
     `ids_position`, where `img_ids` sits in the model's forward.
     """
 
+    guidance_in_batch = False  # called once per guidance branch, at batch 1
+
     needs_row_token = True
     rotary = Rotary()
     timestep_scale = 1000.0  # the Flux pipelines pass sigma (0..1) as the timestep

@@ -37,6 +37,8 @@ class HunyuanVideoFamily(Family):
     the single-stream blocks' MLP runs on the video and text together and is not merged.
     """
 
+    guidance_in_batch = False  # called once per guidance branch, at batch 1
+
     name = "hunyuanvideo"
     model_class = HunyuanVideoTransformer3DModel
     stacks = _STACKS

@@ -21,6 +21,8 @@ class LTXVideoFamily(WanFamily):
     The pipelines pass the timestep on the 0..1000 scale.
     """
 
+    guidance_in_batch = True  # its pipeline batches the guidance halves
+
     # Wan's blocks (self-attention with rotary rows, cross-attention, feed-forward), K/V pooling refused for
     # the same reason, and Wan's presets (docs/video.md): both are video transformers whose self-attention
     # sees every frame's tokens with 3-D rotary positions; measured on the trained Wan-shaped video model.

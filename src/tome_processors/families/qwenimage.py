@@ -23,6 +23,8 @@ class QwenImageFamily(Family):
     `(image, text)`, complex, the image's over all image tokens: merged rows gather the image's.
     """
 
+    guidance_in_batch = False  # called once per guidance branch, at batch 1
+
     name = "qwenimage"
     built_with = QwenDoubleStreamAttnProcessor2_0
     model_class = QwenImageTransformer2DModel

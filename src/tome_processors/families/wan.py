@@ -20,6 +20,8 @@ class WanFamily(Family):
     feed-forward (`merge_mlp`). The token grid is the input `(B, C, F, H, W)` over `config.patch_size`.
     """
 
+    guidance_in_batch = False  # called once per guidance branch, at batch 1
+
     name = "wan"
     needs_row_token = True
     video = True
