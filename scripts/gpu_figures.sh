@@ -34,8 +34,9 @@ case $1 in
     plain 30 sd15-1024 --arch sd15 --resolution 1024 --batch 2 --rounds 3 "${q[@]}"
     plain 30 sd15-2048 --arch sd15 --resolution 2048 --batch 1 --rounds 2 "${q[@]}"
     plain 60 sdxl-2048 --arch sdxl --resolution 2048 --batch 1 --rounds 2 "${q[@]}"
-    TRAIN_CMD
-    HIRES_CMD
+    plain 90 train-768 --train --dtype bfloat16 --arch sd15 --resolution 768 --batch 2 --presets balanced fast \
+      --rounds 3 --gradient-checkpointing --no-host-cost "${q[@]}"
+    plain 110 hires --pipeline --hires --steps 20 --strength 0.5 --presets balanced fast --rounds 2 --no-memory "${q[@]}"
     ;;
   hires)  # Stable Diffusion at high resolution: SD1.5 at 1024 (a CFG batch) and 2048, SDXL at 2048, presets and the
     # K/V pooling modes, the trained-model columns left out (they run on the host CPU)
