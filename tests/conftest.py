@@ -71,16 +71,25 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(autouse=True)
-def merge_where_selected(request):
-    """Presets merge only where merging pays (`pays_only`, pays.py), and on tiny test models it never does: every
-    test runs with the rule's table set to merge wherever a config selects, so the tests of what presets merge keep
-    testing it. Tests of the rule itself are marked `@pytest.mark.pays_rule` and run with the real table."""
-    # The rule's own docstring examples show its real verdicts.
-    if request.node.get_closest_marker("pays_rule") is not None or "tome_processors.pays]" in request.node.name:
-        yield
-        return
+@pytest.fixture(scope="session", autouse=True)
+def merge_where_selected():
+    """Presets merge only where merging pays (`pays_only`, pays.py), and on tiny test models it never does: the
+    session runs with the rule's table set to merge wherever a config selects (before any module's fixtures build
+    and run their models), so the tests of what presets merge keep testing it."""
     from tome_processors.pays import ALWAYS, pays_table
 
     with pays_table(ALWAYS):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def real_pays_rule(request):
+    """Tests of the rule itself (`@pytest.mark.pays_rule`, and the pays module's docstring examples) run with the
+    real table."""
+    if request.node.get_closest_marker("pays_rule") is None and "tome_processors.pays]" not in request.node.name:
+        yield
+        return
+    from tome_processors.pays import THRESHOLDS, pays_table
+
+    with pays_table(THRESHOLDS):
         yield

@@ -664,7 +664,10 @@ def test_bench_builds_each_architecture_with_fewer_layers(arch):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--arch", "svd", "--layers", "2"], "Expected --layers with a diffusion-transformer or UNet --arch"),
+        (
+            ["--arch", "svd", "--layers", "2"],
+            "Expected --layers with a diffusion-transformer --arch or sd15, sd2, sdxl",
+        ),
         (["--arch", "zimage", "--layers", "0"], "Expected --layers >= 1"),
         (["--arch", "ltx2", "--pipeline"], "Expected --pipeline with sd15"),
     ],
