@@ -228,3 +228,15 @@ def test_set_attn_processor_that_merges_nothing_warns():
     unet.set_attn_processor(ToMeProcessor(max_downsample=1))
     with pytest.warns(UserWarning, match="merges nothing"):
         run_unet(unet, *unet_inputs(unet))
+
+
+def test_assigning_a_processor_directly_raises_while_tome_is_on():
+    # The documented limit (usage.md, "Not yet"): PAG pipelines assign processors this way. When this starts
+    # passing through, the docs' PAG note can go.
+    unet = tiny_unet("sd15")
+    tp.apply_tome(unet, ratio=0.5)
+    attn = unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
+    with pytest.raises(TypeError, match="cannot assign"):
+        attn.processor = AttnProcessor2_0()
+    tp.remove_tome(unet)
+    attn.processor = AttnProcessor2_0()  # without ToMe it is a plain attribute again
