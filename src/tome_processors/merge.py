@@ -639,14 +639,14 @@ def cached(cache: dict, key: tuple, make: Callable[[], T], limit: int = 16) -> T
     """`cache[key]`, made by `make()` the first time; at most `limit` entries, the oldest dropped first.
 
     What depends only on a grid, batch size, device or dtype is made once this way instead of in every
-    merge, and a server that sees many image sizes does not accumulate it. A compiled graph neither reads
-    nor fills the cache and makes the value in the graph: dynamo would guard on what it read of the cache, and
-    an eager forward that fills it later (another model, another method) would fail that guard (a recompile).
+    merge, and a server that sees many image sizes does not accumulate it. A compiled graph uses what is
+    kept, and makes (in the graph) what is not, without keeping it: dynamo guards on what the graph read of
+    the cache, so a value kept while tracing would fail that guard at the next call (one recompilation).
     """
-    if is_compiling():
-        return make()
     value = cache.get(key)
     if value is None:
+        if is_compiling():  # made in the graph, not kept: a kept one fails the graph's guard on the cache once
+            return make()
         if len(cache) >= limit:
             del cache[next(iter(cache))]
         value = cache[key] = make()
