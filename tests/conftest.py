@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -62,13 +64,29 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
+@contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block on `count` torch threads, then restore the earlier count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def one_thread():
     """Run a test on one torch thread: tiny models on a shared 2-core machine stall when oversubscribed (10x here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with torch_threads(1):
+        yield
+
+
+@pytest.fixture
+def two_threads():
+    """Run a test on two torch threads, where a promise depends on threads (same output run after run)."""
+    with torch_threads(2):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

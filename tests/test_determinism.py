@@ -11,14 +11,6 @@ from tome_processors.merge import TokenMerge
 from models import run_unet, tiny_unet, unet_inputs
 
 
-@pytest.fixture
-def two_threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_merge_sums_in_one_order_at_two_threads(two_threads):
     # Rows whose tokens lie far apart in the token order (as global matching makes them), large enough that CPU
     # kernels split the tokens across both threads: a sum whose order follows the threads differs run to run.
