@@ -230,13 +230,13 @@ def test_set_attn_processor_that_merges_nothing_warns():
         run_unet(unet, *unet_inputs(unet))
 
 
-def test_assigning_a_processor_directly_raises_while_tome_is_on():
-    # The documented limit (usage.md, "Not yet"): PAG pipelines assign processors this way. When this starts
-    # passing through, the docs' PAG note can go.
-    unet = tiny_unet("sd15")
+def test_assigning_a_processor_directly_works_while_tome_is_on(unet):
+    # As without ToMe: a processor without weights is a plain attribute (PAG pipelines assign them so).
     tp.apply_tome(unet, ratio=0.5)
     attn = unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
-    with pytest.raises(TypeError, match="cannot assign"):
-        attn.processor = AttnProcessor2_0()
+    assert "processor" not in attn._modules
+    own = AttnProcessor2_0()
+    attn.processor = own
+    assert attn.processor is own and tp.is_tome_applied(unet)
     tp.remove_tome(unet)
-    attn.processor = AttnProcessor2_0()  # without ToMe it is a plain attribute again
+    assert attn.processor is own

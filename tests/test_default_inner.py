@@ -178,7 +178,7 @@ def test_ip_adapter_loaded_after_tome_on_the_unet(ratio):
     assert torch.equal(out, ip_only) == (ratio == 0)
     # ToMe keeps wrapping through the loading (keeper.py): the same processors as loading first.
     processors = dict(unet.attn_processors)
-    assert {type(p) for p in processors.values()} == {ToMeProcessor}
+    assert all(isinstance(p, ToMeProcessor) for p in processors.values())
     assert {type(p.inner) for p in processors.values()} == {AttnProcessor2_0, IPAdapterAttnProcessor2_0}
     assert all(p.config.ratio == ratio for p in processors.values())
     assert {n: type(p.inner) for n, p in processors.items()} == {

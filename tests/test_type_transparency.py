@@ -104,16 +104,17 @@ def unet_ip_forward(unet, inputs) -> torch.Tensor:
 
 def test_a_wrapper_answers_for_the_processor_it_wraps():
     wrapper = ToMeProcessor(AttnProcessor2_0(), ratio=0.5)
-    assert type(wrapper) is ToMeProcessor and isinstance(wrapper, ToMeProcessor)
+    assert issubclass(type(wrapper), ToMeProcessor) and isinstance(wrapper, ToMeProcessor)
     assert wrapper.__class__ is AttnProcessor2_0 and isinstance(wrapper, AttnProcessor2_0)
-    assert isinstance(wrapper, torch.nn.Module) and repr(wrapper).startswith("ToMeProcessor(inner=AttnProcessor2_0")
+    # Not a module, as `AttnProcessor2_0` is not: an attention module holds it as a plain attribute.
+    assert not isinstance(wrapper, torch.nn.Module) and repr(wrapper).startswith("ToMeProcessor(inner=AttnProcessor2_0")
     assert ToMeProcessor().__class__ is ToMeProcessor  # nothing wrapped yet: itself
     # Copies and pickles are ToMe processors around a copy of the inner one.
     buffer = io.BytesIO()
     torch.save(wrapper, buffer)
     buffer.seek(0)
     for copied in (copy.deepcopy(wrapper), pickle.loads(pickle.dumps(wrapper)), torch.load(buffer, weights_only=False)):
-        assert type(copied) is ToMeProcessor and copied.__class__ is AttnProcessor2_0
+        assert issubclass(type(copied), ToMeProcessor) and copied.__class__ is AttnProcessor2_0
         assert copied.config == wrapper.config and copied.inner is not wrapper.inner
 
 
@@ -131,11 +132,19 @@ def test_unet_ip_adapter_checks_see_the_ip_adapter_processors(ratio):
     block = unet.down_blocks[0].attentions[0].transformer_blocks[0]
     # The checks of diffusers' `test_load_ip_adapter`, `test_ip_adapter` and `test_ip_adapter_plus`:
     assert block.attn2.processor.__class__.__name__ in ("IPAdapterAttnProcessor", "IPAdapterAttnProcessor2_0")
-    assert type(block.attn2.processor) is ToMeProcessor and type(block.attn1.processor) is ToMeProcessor
+    assert issubclass(type(block.attn2.processor), ToMeProcessor) and issubclass(type(block.attn1.processor), ToMeProcessor)
     assert block.attn1.processor.__class__ is AttnProcessor2_0
     assert all(isinstance(p, ToMeProcessor) for p in unet.attn_processors.values())
     crosses = [p for name, p in unet.attn_processors.items() if name.endswith("attn2.processor")]
     assert crosses and all(isinstance(p, IPAdapterAttnProcessor2_0) for p in crosses)
+    # Around a processor with weights it is a submodule, as the IP-Adapter processor is without ToMe: the
+    # weights keep their names in `state_dict()` and move with `.to()`.
+    assert isinstance(block.attn2.processor, torch.nn.Module) and "processor" in block.attn2._modules
+    assert unet.state_dict().keys() == plain.state_dict().keys()
+    assert any(".attn2.processor.to_k_ip." in key for key in unet.state_dict())
+    unet.to(torch.float64)
+    assert block.attn2.processor.to_k_ip[0].weight.dtype == torch.float64
+    unet.to(torch.float32)
 
     inputs = unet_inputs(unet, batch=2)
     out, reference = unet_ip_forward(unet, inputs), unet_ip_forward(plain, inputs)
@@ -160,7 +169,7 @@ def test_unet_ip_adapter_after_set_attn_processor_and_enable_tome(tmp_path):
     unet._load_ip_adapter_weights([unet_ip_adapter_state_dict(unet)])
     assert tp.is_tome_applied(unet)
     attn2 = unet.down_blocks[0].attentions[0].transformer_blocks[0].attn2
-    assert attn2.processor.__class__.__name__ == "IPAdapterAttnProcessor2_0" and type(attn2.processor) is ToMeProcessor
+    assert attn2.processor.__class__.__name__ == "IPAdapterAttnProcessor2_0" and issubclass(type(attn2.processor), ToMeProcessor)
     assert torch.isfinite(unet_ip_forward(unet, inputs)).all()
 
 
@@ -175,7 +184,7 @@ def test_flux_ip_adapter_check_finds_the_ip_adapter_processors(ratio):
     processors = model.attn_processors.values()
     # The check of diffusers' Flux IP-Adapter test:
     assert any(isinstance(p, FluxIPAdapterAttnProcessor) for p in processors)
-    assert all(type(p) is ToMeProcessor for p in processors)
+    assert all(issubclass(type(p), ToMeProcessor) for p in processors)
     single = model.single_transformer_blocks[0].attn.processor
     assert single.__class__ is FluxAttnProcessor and not isinstance(single, FluxIPAdapterAttnProcessor)
 

@@ -11,8 +11,8 @@ keeps exactly what it would see without ToMe; afterwards every processor is wrap
 ToMe off (the context stands down at the next forward), except the fused projections' processor on a model
 whose projections are fused, which a pipeline's `fuse_qkv_projections()` sets after the model's own. Under
 `pipe.enable_tome()` (`keep_all`), it is wrapped too, and a forward pre-hook wraps again whatever was
-replaced some other way: ToMe stays on until `disable_tome()`. (Assigning `attn.processor = ...` directly
-raises while a ToMe processor is registered there as a submodule: PAG pipelines do this.)
+replaced some other way (`attn.processor = ...`, as PAG pipelines assign theirs): ToMe stays on until
+`disable_tome()`. Without `keep_all`, a processor assigned that way runs as assigned on its module.
 
 The wrapped methods and the pre-hook are objects (not closures) that hold the keeper and the method
 they wrap, bound to the model: `copy.deepcopy` and `pickle` carry them over to the copy's own modules.

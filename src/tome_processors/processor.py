@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import types
 import weakref
 from typing import Any
 
@@ -27,36 +25,39 @@ from .merge import TokenMerge, pool_tokens
 from .rotary_attention import run_with_rotary
 
 
-def _signed_call(processor: ToMeProcessor, signature: inspect.Signature) -> types.MethodType:
-    """`processor.__call__` as diffusers inspects it: the inner processor's signature.
+def _signed_class(base: type, signature: inspect.Signature) -> type:
+    """`base`'s subclass for processors around an inner processor of `signature`: its `__call__` shows that
+    signature, as diffusers inspects it.
 
-    `Attention.forward` keeps only the keyword arguments named in
-    `inspect.signature(processor.__call__)`, so a wrapper must show its inner processor's
-    parameters or IP-Adapter masks and custom keyword arguments are silently dropped.
-
-    A method bound to `processor`, of one function per signature: torch.compile guards on the identity of
-    what it reads the signature from (the function, for a method), so one compiled block serves every block
-    (regional compilation, `compile_repeated_blocks`); an object per processor was one graph per block.
+    `Attention.forward` keeps only the keyword arguments named in `inspect.signature(processor.__call__)`,
+    so a wrapper must show its inner processor's parameters or IP-Adapter masks and custom keyword
+    arguments are silently dropped. The signature sits on the class's `__call__` (an instance attribute
+    would be invisible to Python's call and to torch.compile, which inlines only a class's `__call__`);
+    one class per signature, so that one compiled block serves every block (regional compilation,
+    `compile_repeated_blocks`), as torch.compile guards on the processor's type.
     """
+    key = (base, signature)
     try:
-        function = _SIGNED_CALLS.get(signature)
-    except TypeError:  # a signature with unhashable defaults: a function of its own
-        function = None
-    if function is None:
+        signed = _SIGNED_CLASSES.get(key)
+    except TypeError:  # a signature with unhashable defaults: a class of its own
+        signed, key = None, None
+    if signed is None:
 
         def __call__(self: ToMeProcessor, *args: Any, **kwargs: Any) -> Any:
-            return self(*args, **kwargs)
+            return self.forward(*args, **kwargs)
 
         parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *signature.parameters.values()]
         __call__.__signature__ = _TraceableSignature(parameters, return_annotation=signature.return_annotation)  # type: ignore[attr-defined]
-        function = __call__
-        with contextlib.suppress(TypeError):
-            _SIGNED_CALLS[signature] = function
-    return types.MethodType(function, processor)
+        namespace = {"__call__": __call__, "__module__": base.__module__, "__qualname__": base.__qualname__}
+        signed = type(base.__name__, (base,), namespace)
+        signed._signed_base = base
+        if key is not None:
+            _SIGNED_CLASSES[key] = signed
+    return signed
 
 
-#: `_signed_call`'s function for each signature.
-_SIGNED_CALLS: dict[inspect.Signature, Any] = {}
+#: `_signed_class`'s class for each base and signature.
+_SIGNED_CLASSES: dict[tuple[type, inspect.Signature], type] = {}
 
 
 class _TraceableSignature(inspect.Signature):
@@ -81,6 +82,11 @@ class _TraceableSignature(inspect.Signature):
     @property
     def parameters(self) -> dict[str, inspect.Parameter]:  # type: ignore[override]
         return dict(self._plain)  # a copy, as the mapping proxy could not be changed through
+
+
+def _processor_signature(inner: Any) -> inspect.Signature:
+    """What a processor around `inner` shows: `inner`'s signature; without one, `_DEFAULT_SIGNATURE`."""
+    return _inner_signature(inner) if inner is not None else _DEFAULT_SIGNATURE
 
 
 def _inner_signature(inner: Any) -> inspect.Signature:
@@ -115,9 +121,9 @@ class _BuiltProcessors:
 _OBJECT_CLASS = object.__dict__["__class__"]
 
 
-def _new_processor(processor_type: type) -> Any:
-    """An empty processor of `processor_type`, filled by `__setstate__` (pickle, `copy.deepcopy`)."""
-    return processor_type.__new__(processor_type)
+def _new_processor(base: type, inner: Any) -> Any:
+    """An empty processor of `base` around `inner`'s signature, filled by `__setstate__` (pickle, `copy.deepcopy`)."""
+    return object.__new__(_signed_class(base, _processor_signature(inner)))
 
 
 def missing_inner_error(attn: torch.nn.Module) -> ValueError:
@@ -131,7 +137,7 @@ def missing_inner_error(attn: torch.nn.Module) -> ValueError:
     )
 
 
-class ToMeProcessor(torch.nn.Module):
+class ToMeProcessor:
     """An attention processor that runs its inner processor on merged tokens.
 
     It wraps ("chains") any diffusers attention processor (SDPA, xFormers, IP-Adapter, your own):
@@ -141,10 +147,14 @@ class ToMeProcessor(torch.nn.Module):
     attention, temporal attention, cross-attention unless `merge_crossattn` - goes straight to the
     inner processor.
 
-    It is an `nn.Module` so that an inner processor with weights (IP-Adapter) moves with `.to()`;
-    it has no parameters of its own. It answers type checks for its inner processor: `p.__class__` is the
-    inner processor's class and `isinstance(p, IPAdapterAttnProcessor2_0)` holds where it wraps one, while
-    `type(p)` is `ToMeProcessor` and `isinstance(p, ToMeProcessor)` holds too.
+    It stands in for its inner processor, as a proxy does: `p.__class__` is the inner processor's class,
+    so `isinstance(p, IPAdapterAttnProcessor2_0)` holds where it wraps one (diffusers' checks pass), while
+    `isinstance(p, ToMeProcessor)` holds too (`type(p)` is a subclass of `ToMeProcessor` per signature of the
+    inner processor's `__call__`, which its own `__call__` shows); attributes it lacks are the
+    inner processor's. So an attention module holds it exactly as it would hold the inner processor: a plain
+    attribute around a processor without weights (`attn.processor = ...` replaces it, as PAG pipelines do),
+    a registered submodule around one with weights (IP-Adapter), whose weights keep their names in
+    `state_dict()` and move with `.to()`. It has no weights of its own.
 
     Args:
         inner: the processor to run on the merged tokens. Without one, each attention module runs the
@@ -165,86 +175,89 @@ class ToMeProcessor(torch.nn.Module):
     existing processors. Setting other processors again stands the context down at the next forward.
     """
 
+    #: The class a `_signed_class` subclass was made from (the class itself, for one made directly).
+    _signed_base: type | None = None
+
+    def __new__(cls, inner: Any = None, config: ToMeConfig | None = None, **config_kwargs: Any) -> ToMeProcessor:
+        if isinstance(inner, ToMeProcessor):
+            inner = inner.inner
+        if inner is not None and not callable(inner):
+            raise TypeError(f"Expected inner to be a callable attention processor, but got {type(inner).__name__}.")
+        return object.__new__(_signed_class(cls._signed_base or cls, _processor_signature(inner)))
+
     def __init__(self, inner: Any = None, config: ToMeConfig | None = None, **config_kwargs: Any) -> None:
-        super().__init__()
         #: Made without any configuration: a module with ToMe on it already runs under that ToMe's.
         self._takes_model_config = config is None and not config_kwargs
         config = ToMeConfig.from_kwargs(config, **config_kwargs)
         if isinstance(inner, ToMeProcessor):  # never nest: wrap what it wraps
             inner = inner.inner
-        if inner is not None and not callable(inner):
-            raise TypeError(f"Expected inner to be a callable attention processor, but got {type(inner).__name__}.")
         self.config = config
         self.inner = inner  # None: the processor each module is built with (`built_inner`)
-        # Instance attribute: found by `processor.__call__` lookups (diffusers' signature check)
-        # while calls still go through nn.Module.__call__ -> forward. Without an inner processor, the
-        # signature of `Attention`'s default, as before a module's first call replaces this processor.
-        self._signature = _inner_signature(inner) if inner is not None else _DEFAULT_SIGNATURE
-        self.__dict__["__call__"] = _signed_call(self, self._signature)
         # Attention modules where this processor, set without `apply_tome`, found nothing to attach to.
         self._passed_through = PassedThrough()
         self._built = _BuiltProcessors()  # without an inner processor: what runs on those modules
         # Under torch.compile on `Attention` without an inner processor, and pooled keys around a fused one.
         self._sdpa = AttnProcessor2_0() if inner is None or isinstance(inner, FusedAttnProcessor2_0) else None
-        watch_compiles(type(self))  # a model compiled before any call attaches before its first trace (attach.py)
+        watch_compiles(type(self)._signed_base)  # a model compiled before any call attaches before its first trace (attach.py)
 
     # Type transparency: code that checks a processor's type (diffusers' IP-Adapter checks,
     # `isinstance(p, FluxIPAdapterAttnProcessor)` over `model.attn_processors`, users' code) sees the
     # processor this one wraps, as `unittest.mock`'s `spec` and `wrapt.ObjectProxy` answer `__class__`.
-    # `type(p)` stays `ToMeProcessor`, and `isinstance` checks it first: `isinstance(p, ToMeProcessor)` holds.
+    # `type(p)` stays a `ToMeProcessor`, and `isinstance` checks it first: `isinstance(p, ToMeProcessor)` holds.
     @property  # type: ignore[misc]
     def __class__(self) -> type:  # noqa: D105
+        if torch._guards.TracingContext.try_get() is not None:
+            return type(self)  # while torch.compile traces, the true type: it resolves methods through `__class__`
         inner = self._inner_processor()
-        return type(self) if inner is None else inner.__class__
+        return type(self)._signed_base if inner is None else inner.__class__
 
     @__class__.setter
     def __class__(self, value: type) -> None:
         _OBJECT_CLASS.__set__(self, value)
 
     def __reduce_ex__(self, protocol: int) -> tuple:
-        # pickle refuses `object`'s reduction where `__class__` is not the type; rebuilt from the type and state.
-        return (_new_processor, (type(self),), self.__getstate__())
+        # pickle refuses `object`'s reduction where `__class__` is not the type, and the type, made per signature,
+        # is found by no name: rebuilt from the class it was made from, the inner processor and the state.
+        return (_new_processor, (type(self)._signed_base or type(self), self.inner), self.__getstate__())
 
-    def _get_name(self) -> str:  # what `repr` shows: the wrapper, with its inner processor in `extra_repr`
-        return type(self).__name__
-
-    def __dir__(self) -> list[str]:
-        return sorted(set(dir(type(self))) | set(self.__dict__) | set(self._modules))
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"
 
     def __getstate__(self) -> dict:
-        # `__call__` is bound to this processor: made again from the signature (`pickle` would bind it to
-        # the half-made copy's `nn.Module.__call__`).
-        state = dict(self.__dict__)
-        state.pop("__call__", None)
-        return state
+        return dict(self.__dict__)
 
     def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        self.__dict__["__call__"] = _signed_call(self, self._signature)
-        watch_compiles(type(self))
+        self.__dict__.update(state)
+        watch_compiles(type(self)._signed_base)
 
     def extra_repr(self) -> str:
+        """What `repr` shows inside the parentheses: the inner processor and the configuration."""
         inner = type(self.inner).__name__ if self.inner is not None else "each module's own"
         return f"inner={inner}, config={self.config}"
 
     def __getattr__(self, name: str) -> Any:
-        # diffusers' `set_attention_backend` and friends look for attributes of the processor.
+        # Only for names this processor lacks. diffusers' `set_attention_backend` and friends look for
+        # attributes of the processor; without an inner processor yet, none is set (`built_inner` hands on
+        # what is set meanwhile).
+        inner = self._inner_processor()
         if name in _FORWARDED:
-            inner = self._inner_processor()
-            # Without an inner processor yet: none set (`built_inner` hands on what is set meanwhile).
             return getattr(inner, name) if inner is not None else None
-        return super().__getattr__(name)
+        # Everything else is the inner processor's: its weights (`p.to_k_ip`) and, where it is an `nn.Module`
+        # and so registered on the attention module, what torch calls on a submodule (`_apply` for `.to()`,
+        # `state_dict`, `named_modules`, `train`). Special names stay this object's (copy and pickle ask).
+        if inner is not None and not (name.startswith("__") and name.endswith("__")):
+            return getattr(inner, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         # ... and set them (`processor._attention_backend = backend`): that must reach the inner one.
         if name in _FORWARDED and hasattr(self._inner_processor(), name):
             setattr(self._inner_processor(), name, value)
             return
-        super().__setattr__(name, value)
+        object.__setattr__(self, name, value)
 
     def _inner_processor(self) -> Any:
-        inner = self.__dict__.get("inner")
-        return inner if inner is not None else self.__dict__.get("_modules", {}).get("inner")
+        return self.__dict__.get("inner")
 
     def built_inner(self, attn: torch.nn.Module, built_with: type | None = None) -> Any:
         """The processor this one runs on `attn`: `inner`, or without one a new processor of the class
@@ -271,9 +284,10 @@ class ToMeProcessor(torch.nn.Module):
         return inner
 
     def forward(self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        """Merge, run the inner processor, unmerge (what a call runs; `__call__` shows the inner's signature)."""
         slot = getattr(attn, SLOT_ATTR, None)
         if slot is None:  # set with `set_attn_processor`: attach to the model being called (attach.py)
-            slot = slot_for_call(attn, self.config, type(self), self._passed_through)
+            slot = slot_for_call(attn, self.config, type(self)._signed_base, self._passed_through)
         if self._inner_processor() is None:
             return self._run_built(slot, attn, hidden_states, args, kwargs)
         if slot is None or hidden_states.ndim != 3:
