@@ -89,9 +89,9 @@ def test_pag_layers_merge_under_enable_tome_and_run_as_assigned_under_apply_tome
     for how in ("apply_tome", "enable_tome"):
         pipe, args = pag_pipeline("sd", tmp_path / how)
         turn_on(pipe, how)
-        seen = []
+        seen: list = []
         attn = pipe.unet.down_blocks[0].attentions[0].transformer_blocks[0].attn1
-        hook = attn.register_forward_pre_hook(lambda module, _: seen.append(module.processor))
+        hook = attn.register_forward_pre_hook(lambda module, _, seen=seen: seen.append(module.processor))
         outputs[how] = generate(pipe, args)
         hook.remove()
         inner = [p.inner if isinstance(p, ToMeProcessor) else p for p in seen]

@@ -132,7 +132,7 @@ def test_unet_ip_adapter_checks_see_the_ip_adapter_processors(ratio):
     block = unet.down_blocks[0].attentions[0].transformer_blocks[0]
     # The checks of diffusers' `test_load_ip_adapter`, `test_ip_adapter` and `test_ip_adapter_plus`:
     assert block.attn2.processor.__class__.__name__ in ("IPAdapterAttnProcessor", "IPAdapterAttnProcessor2_0")
-    assert issubclass(type(block.attn2.processor), ToMeProcessor) and issubclass(type(block.attn1.processor), ToMeProcessor)
+    assert all(issubclass(type(attn.processor), ToMeProcessor) for attn in (block.attn1, block.attn2))
     assert block.attn1.processor.__class__ is AttnProcessor2_0
     assert all(isinstance(p, ToMeProcessor) for p in unet.attn_processors.values())
     crosses = [p for name, p in unet.attn_processors.items() if name.endswith("attn2.processor")]
@@ -169,7 +169,8 @@ def test_unet_ip_adapter_after_set_attn_processor_and_enable_tome(tmp_path):
     unet._load_ip_adapter_weights([unet_ip_adapter_state_dict(unet)])
     assert tp.is_tome_applied(unet)
     attn2 = unet.down_blocks[0].attentions[0].transformer_blocks[0].attn2
-    assert attn2.processor.__class__.__name__ == "IPAdapterAttnProcessor2_0" and issubclass(type(attn2.processor), ToMeProcessor)
+    assert attn2.processor.__class__.__name__ == "IPAdapterAttnProcessor2_0"
+    assert issubclass(type(attn2.processor), ToMeProcessor)
     assert torch.isfinite(unet_ip_forward(unet, inputs)).all()
 
 

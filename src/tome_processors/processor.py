@@ -198,7 +198,8 @@ class ToMeProcessor:
         self._built = _BuiltProcessors()  # without an inner processor: what runs on those modules
         # Under torch.compile on `Attention` without an inner processor, and pooled keys around a fused one.
         self._sdpa = AttnProcessor2_0() if inner is None or isinstance(inner, FusedAttnProcessor2_0) else None
-        watch_compiles(type(self)._signed_base)  # a model compiled before any call attaches before its first trace (attach.py)
+        # A model compiled before any call attaches before its first trace (attach.py).
+        watch_compiles(type(self)._signed_base)
 
     # Type transparency: code that checks a processor's type (diffusers' IP-Adapter checks,
     # `isinstance(p, FluxIPAdapterAttnProcessor)` over `model.attn_processors`, users' code) sees the
