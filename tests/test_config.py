@@ -31,6 +31,10 @@ def test_defaults_follow_tomesd_except_auto_downsample():
         ({"use_rand": 1}, "Expected use_rand to be a bool"),
         ({"merge_mlp": None}, "Expected merge_mlp to be a bool"),
         ({"seed": -1}, "Expected seed to be a non-negative integer"),
+        ({"level_kv_factors": {3: 2}}, "Expected level_kv_factors keys among 1, 2, 4, 8"),
+        ({"level_kv_factors": {2: 0}}, "Expected level_kv_factors values to be integers >= 1"),
+        ({"level_kv_factors": {2: 1.5}}, "Expected level_kv_factors values to be integers >= 1"),
+        ({"level_kv_factors": [2, 2]}, "Expected level_kv_factors to be a mapping"),
     ],
 )
 def test_validation(kwargs, message):
@@ -58,3 +62,10 @@ def test_from_kwargs():
         ToMeConfig.from_kwargs(ratoi=0.1)
     with pytest.raises(TypeError, match="Expected config"):
         ToMeConfig.from_kwargs({"ratio": 0.1})  # type: ignore[arg-type]
+
+
+def test_level_kv_factors_are_stored_as_sorted_pairs_and_pick_each_levels_window():
+    config = ToMeConfig(mode="downsample_kv", kv_factor=4, level_kv_factors={4: 1, 2: 2})
+    assert config.level_kv_factors == ((2, 2), (4, 1)) and hash(config) == hash(config.replace())
+    assert [config.kv_factor_at(level) for level in (1, 2, 4, 8)] == [4, 2, 1, 4]
+    assert ToMeConfig(kv_factor=3).kv_factor_at(2) == 3

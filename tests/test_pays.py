@@ -106,6 +106,13 @@ def test_cpu_verdicts_tiny_models_merge_nothing_real_widths_merge():
         assert judge(pixart, "transformer", 32 * 32, 1152, 28, "cpu").factor > 0
 
 
+def test_the_rule_judges_kv_pooling_with_the_levels_own_window():
+    fast = ToMeConfig.from_preset("fast", "unet")  # 4x4 at level 1, 2x2 at level 2
+    assert judge(fast, "unet", 128 * 128, 320, 2, "cpu", level=1).factor == 4  # SD1.5 1024 px
+    assert judge(fast, "unet", 64 * 64, 640, 2, "cpu", level=2).factor == 2
+    assert judge(fast.replace(level_kv_factors=None), "unet", 64 * 64, 640, 2, "cpu", level=2).factor == 4
+
+
 def test_unknown_device_types_take_the_gpus_thresholds():
     config = ToMeConfig.from_preset("balanced", "unet")
     for tokens in (64 * 64, 128 * 128):

@@ -91,6 +91,8 @@ class ToMeConfig:
             over `kv_factor x kv_factor` windows; no similarity is computed at all).
         kv_factor: the pooling window side for `"downsample_kv"` (2 keeps a quarter of the keys).
         kv_pool: `"avg"` (mean of each window) or `"nearest"` (its top-left token, cheaper).
+        level_kv_factors: a pooling window side per downsample level for `"downsample_kv"`, e.g. `{2: 2}`;
+            levels not listed pool `kv_factor`. Stored as sorted `(level, factor)` pairs (hashable).
         share_level: compute one merge per level and forward, from the first block of the level,
             and share it with the other blocks of that level (cheaper, slightly different).
         recompute_every: recompute merges every this many denoising steps and reuse them in
@@ -156,6 +158,7 @@ class ToMeConfig:
     similarity_dtype: Literal["float32", "bfloat16", "float16"] | None = None
     matching: Matching = "global"
     pays_only: bool = False
+    level_kv_factors: Mapping[int, int] | tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         _expect(_is_int(self.sx) and self.sx >= 1, "sx to be an integer >= 1", self.sx)
@@ -218,6 +221,19 @@ class ToMeConfig:
             # Stored as sorted pairs of plain numbers so the config stays hashable (merges are cached per config).
             pairs = sorted((_plain(level), _plain(value)) for level, value in dict(self.level_ratios).items())
             object.__setattr__(self, "level_ratios", tuple(pairs))
+        if self.level_kv_factors is not None:
+            _expect(
+                isinstance(self.level_kv_factors, (Mapping, tuple)),
+                "level_kv_factors to be a mapping such as {2: 2}, or None",
+                self.level_kv_factors,
+            )
+            for level, factor in dict(self.level_kv_factors).items():
+                _expect(
+                    _is_int(level) and level in _ALLOWED_DOWNSAMPLE, "level_kv_factors keys among 1, 2, 4, 8", level
+                )
+                _expect(_is_int(factor) and factor >= 1, "level_kv_factors values to be integers >= 1", factor)
+            pairs = sorted((_plain(level), _plain(factor)) for level, factor in dict(self.level_kv_factors).items())
+            object.__setattr__(self, "level_kv_factors", tuple(pairs))
         for flag in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_level", "pays_only"):
             value = getattr(self, flag)
             _expect(isinstance(value, bool), f"{flag} to be a bool", value)
@@ -235,6 +251,17 @@ class ToMeConfig:
         if self.level_ratios is not None:
             return dict(self.level_ratios).get(downsample, 0.0)
         return self.ratio if downsample <= max_downsample else 0.0
+
+    def kv_factor_at(self, downsample: int) -> int:
+        """The K/V pooling window side at a level: its `level_kv_factors` entry, else `kv_factor`.
+
+        Example:
+            >>> ToMeConfig(mode="downsample_kv", kv_factor=4, level_kv_factors={2: 2}).kv_factor_at(2)
+            2
+        """
+        if self.level_kv_factors is not None:
+            return dict(self.level_kv_factors).get(downsample, self.kv_factor)
+        return self.kv_factor
 
     def ratio_at(self, level_ratio: float, timestep: float | None) -> float:
         """`level_ratio` moved along the timestep schedule (`ratio_start`), if there is one."""

@@ -497,15 +497,18 @@ class BlockState:
 
     def applies(self, config: ToMeConfig, grid: Grid) -> bool:
         """Whether `config` acts on this block's level at all (before any timestep schedule), and pays there."""
-        return config.level_ratio(grid.downsample, self.model.max_downsample(config)) > 0 and self.pays(config) > 0
+        level_ratio = config.level_ratio(grid.downsample, self.model.max_downsample(config))
+        return level_ratio > 0 and self.pays(config, grid.downsample) > 0
 
-    def pays(self, config: ToMeConfig) -> int:
+    def pays(self, config: ToMeConfig, downsample: int = 1) -> int:
         """0 where `config.pays_only` and the rule turn merging off in this block for this forward; else the K/V
-        pooling window side to use (`config.kv_factor`, or less where the rule says so)."""
+        pooling window side to use at this block's level `downsample` (`config.kv_factor_at`, or less where the
+        rule says so)."""
+        wanted = config.kv_factor_at(downsample)
         factor = self.factor
         if not config.pays_only or factor is None:
-            return config.kv_factor
-        return min(factor, config.kv_factor)
+            return wanted
+        return min(factor, wanted)
 
     def merge_for(
         self, config: ToMeConfig, text: int | None = 0, text_rows: bool = False, tail: int = 0

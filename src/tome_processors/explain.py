@@ -161,10 +161,11 @@ def _explain_model(
                 merges, factor, speedup, measured = False, 0, 1.0, "-"
                 why = "not selected (max_downsample / level_ratios)"
             elif not setting.pays_only:
-                merges, factor = True, setting.kv_factor
+                merges, factor = True, setting.kv_factor_at(level)
                 pays = "pays" if verdict.factor else "would not pay"
                 why = f"pays_only=False: merges wherever selected ({pays})"
-                speedup, measured = predicted_speedup(device_type, group, _kind(setting, verdict.kind), verdict.value)
+                kind = _kind(setting, level, verdict.kind)
+                speedup, measured = predicted_speedup(device_type, group, kind, verdict.value)
             else:
                 merges, factor, why = verdict.factor > 0, verdict.factor, verdict.why
                 speedup, measured = predicted_speedup(device_type, group, verdict.kind, verdict.value)
@@ -191,10 +192,10 @@ def _explain_model(
     return rows
 
 
-def _kind(config: ToMeConfig, kind: str) -> str:
+def _kind(config: ToMeConfig, level: int, kind: str) -> str:
     # Forced merging pools with the config's own window (the rule may have narrowed it).
     if config.mode == "downsample_kv":
-        return "kv4" if config.kv_factor >= 4 else "kv2"
+        return "kv4" if config.kv_factor_at(level) >= 4 else "kv2"
     return kind
 
 

@@ -398,8 +398,11 @@ def _log_decision(
     name: str, config: ToMeConfig, grid: tuple[int, int], frames: int, device_type: str, verdicts: dict
 ) -> None:
     """Say once, at INFO, where `pays_only` merges less than `config` selects on this grid and device type."""
-    full = config.kv_factor if config.mode == "downsample_kv" else 1
-    if all(verdict.factor == full for verdict in verdicts.values()):
+
+    def full(level: int) -> int:  # what the config selects at a level
+        return config.kv_factor_at(level) if config.mode == "downsample_kv" else 1
+
+    if all(verdict.factor == full(level) for (level, _), verdict in verdicts.items()):
         return
     size = f"{frames}x{grid[0]}x{grid[1]}" if frames > 1 else f"{grid[0]}x{grid[1]}"
     parts = []

@@ -200,8 +200,11 @@ class Verdict:
     value: float  # the site's load (K/V pooling) or work (merging)
 
 
-def judge(config: ToMeConfig, group: str, tokens: int, width: int, depth: int, device_type: str) -> Verdict:
-    """The rule at one site that `config` merges: `tokens` per sample, blocks of `width` channels, `depth` of them.
+def judge(
+    config: ToMeConfig, group: str, tokens: int, width: int, depth: int, device_type: str, level: int = 1
+) -> Verdict:
+    """The rule at one site that `config` merges: `tokens` per sample, blocks of `width` channels, `depth` of them,
+    at downsample `level` (which picks the K/V pooling window side, `config.kv_factor_at`).
 
     Example:
         >>> from tome_processors import ToMeConfig
@@ -221,11 +224,12 @@ def judge(config: ToMeConfig, group: str, tokens: int, width: int, depth: int, d
         if load < rule.kv_load:
             why = f"K/V pooling does not pay {where} below {rule.kv_load:g} tokens per channel"
             return Verdict(0, why, "kv2", load)
-        if config.kv_factor >= 4 and load < rule.kv4_load:
-            why = f"pools 2x2: {config.kv_factor}x{config.kv_factor} pays more than 2x2 {where} from {rule.kv4_load:g}"
+        factor = config.kv_factor_at(level)
+        if factor >= 4 and load < rule.kv4_load:
+            why = f"pools 2x2: {factor}x{factor} pays more than 2x2 {where} from {rule.kv4_load:g}"
             return Verdict(2, why + " tokens per channel", "kv2", load)
-        kind = "kv4" if config.kv_factor >= 4 else "kv2"
-        return Verdict(config.kv_factor, f"pays {where} from {rule.kv_load:g} tokens per channel", kind, load)
+        kind = "kv4" if factor >= 4 else "kv2"
+        return Verdict(factor, f"pays {where} from {rule.kv_load:g} tokens per channel", kind, load)
     work = float(tokens) * width * (tokens + width)
     if config.share_level:
         if work < rule.shared_block_work:
@@ -278,7 +282,7 @@ def decide(
     for level, width in depth:
         if config.level_ratio(level, max_downsample) > 0:
             tokens = site_tokens(grid, level, frames)
-            verdicts[(level, width)] = judge(config, group, tokens, width, depth[(level, width)], device_type)
+            verdicts[(level, width)] = judge(config, group, tokens, width, depth[(level, width)], device_type, level)
     factors = tuple(verdicts[(s.level, s.width)].factor if (s.level, s.width) in verdicts else 0 for s in shapes)
     return factors, verdicts
 

@@ -397,7 +397,7 @@ class ToMeProcessor:
         grid = slot.block.grid(hidden_states.shape[1])
         if grid is None or not slot.block.applies(config, grid):
             return None
-        return pool_tokens(hidden_states, grid.h, grid.w, slot.block.pays(config), config.kv_pool)
+        return pool_tokens(hidden_states, grid.h, grid.w, slot.block.pays(config, grid.downsample), config.kv_pool)
 
 
 #: Attributes that diffusers reads and sets on processors, kept on the inner processor.

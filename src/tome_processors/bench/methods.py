@@ -166,7 +166,8 @@ def _ours_overhead(config: ToMeConfig, auto_downsample: int) -> Callable[[Record
                     if config.mode == "downsample_kv":
                         grid = block.grid(recorded.hidden.shape[1])
                         if grid is not None and block.applies(config, grid):
-                            pool_tokens(recorded.hidden, grid.h, grid.w, config.kv_factor, config.kv_pool)
+                            factor = config.kv_factor_at(grid.downsample)
+                            pool_tokens(recorded.hidden, grid.h, grid.w, factor, config.kv_pool)
                         continue
                     # The metric is the raw block input; the processor merges the normalised hidden
                     # states, a contiguous tensor (the recorded input may be a channels-first view).
