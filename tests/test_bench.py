@@ -7,6 +7,7 @@ import logging
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -418,6 +419,32 @@ def test_compiled_run_keeps_each_method_on_a_shared_weight_copy():
     assert rows[0].rel_error == 0.0 and all(0.0 < row.rel_error < 1.0 for row in rows[1:])
     assert all(row.aten_ops > 0 for row in rows)
     assert not any("ToMe" in type(p).__name__ for p in unet.attn_processors.values())
+
+
+def test_keep_applied_times_later_forwards_on_copies_and_leaves_the_model_plain():
+    applied: list[torch.nn.Module] = []
+    firsts: list[torch.nn.Module] = []
+
+    def apply(model):
+        applied.append(model)
+        model.register_forward_pre_hook(
+            lambda module, args: firsts.append(module) if not firsts.count(module) else None
+        )
+
+    def remove(model):
+        model._forward_pre_hooks.clear()
+
+    model = torch.nn.Linear(2, 2)
+    methods = [baseline_method(), Method("hooked", "hooked", None, apply, remove)]
+    settings = BenchSettings(rounds=3, warmup=1, measure_memory=False, host_cost=False, progress=False)
+    base, hooked = run_benchmark(model, methods, lambda m: m(torch.ones(1, 2)), replace(settings, keep_applied=True))
+    # Applied once, on a copy that shares the weights; the model itself never held the method.
+    assert len(applied) == 1 and applied[0] is not model and applied[0].weight is model.weight
+    assert not model._forward_pre_hooks and hooked.rel_error == 0.0
+    # Without it: applied again before every forward of the method, on the model itself.
+    applied.clear()
+    run_benchmark(model, methods, lambda m: m(torch.ones(1, 2)), settings)
+    assert len(applied) > 1 and all(m is model for m in applied)
 
 
 def test_compile_option_on_the_cli(tmp_path):

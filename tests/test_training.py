@@ -22,7 +22,7 @@ from tome_processors.config import PRESETS
 from models import tiny_unet, unet_inputs
 
 #: Per preset, the option that makes it do nothing: no tokens merged, or K/V "pooled" over 1x1 windows.
-DO_NOTHING = {"exact": {"ratio": 0.0}, "balanced": {"kv_factor": 1}, "fast": {"kv_factor": 1}}
+DO_NOTHING = {"exact": {"ratio": 0.0}, "balanced": {"kv_factor": 1}, "fast": {"kv_factor": 1, "level_kv_factors": None}}
 
 
 def lora_unet(seed: int = 0) -> torch.nn.Module:

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Iterator, Mapping
@@ -274,7 +275,25 @@ def decide(
     """Every block's verdict factor (0: nothing merged) for one grid and device type, and each site's `Verdict`.
 
     A site is the blocks of one level and width. Levels `config` does not merge get factor 0 and no verdict.
+    Kept per process for each setting and table in force: a model's first forward after `apply_tome` (ToMe
+    turned on again, or on another model of the same shape) finds it made.
     """
+    rule = thresholds_for(device_type, group)
+    factors, verdicts = _decide(config, group, shapes, grid, frames, device_type, max_downsample, rule)
+    return factors, dict(verdicts)  # a dict of its own: the cached one stays as made
+
+
+@functools.lru_cache(maxsize=256)
+def _decide(
+    config: ToMeConfig,
+    group: str,
+    shapes: tuple[SiteShape, ...],
+    grid: tuple[int, int],
+    frames: int,
+    device_type: str,
+    max_downsample: int,
+    rule: PaysThresholds,  # the table's entry in force: a key, so that `pays_table` is never answered from the cache
+) -> tuple[tuple[int, ...], dict[tuple[int, int], Verdict]]:
     depth: dict[tuple[int, int], int] = {}
     for shape in shapes:
         depth[(shape.level, shape.width)] = depth.get((shape.level, shape.width), 0) + 1

@@ -60,6 +60,10 @@ def _signed_class(base: type, signature: inspect.Signature) -> type:
 _SIGNED_CLASSES: dict[tuple[type, inspect.Signature], type] = {}
 
 
+#: `_TraceableSignature.replace`'s default: keep what the signature has.
+_KEEP = object()
+
+
 class _TraceableSignature(inspect.Signature):
     """A signature whose `parameters` is a plain dict: torch.compile cannot read a `Signature`'s own
     mapping proxy once the traced code has mutated any dict (FLUX.1's forward pops from its
@@ -82,6 +86,15 @@ class _TraceableSignature(inspect.Signature):
     @property
     def parameters(self) -> dict[str, inspect.Parameter]:  # type: ignore[override]
         return dict(self._plain)  # a copy, as the mapping proxy could not be changed through
+
+    def replace(self, *, parameters: Any = _KEEP, return_annotation: Any = _KEEP) -> _TraceableSignature:  # type: ignore[override]
+        # What `inspect.signature` does to a bound method's signature (drops `self`) on every attention call
+        # diffusers makes: the parameters were checked when this signature was made.
+        return type(self)(
+            list(self._plain.values()) if parameters is _KEEP else parameters,
+            return_annotation=self.return_annotation if return_annotation is _KEEP else return_annotation,
+            __validate_parameters__=False,
+        )
 
 
 def _processor_signature(inner: Any) -> inspect.Signature:
@@ -291,7 +304,8 @@ class ToMeProcessor:
             slot = slot_for_call(attn, self.config, type(self)._signed_base, self._passed_through)
         if self._inner_processor() is None:
             return self._run_built(slot, attn, hidden_states, args, kwargs)
-        if slot is None or hidden_states.ndim != 3:
+        # Nothing merged here: no block state at all, or the pays rule turned this block's merging off.
+        if slot is None or hidden_states.ndim != 3 or (slot.block.factor == 0 and self.config.pays_only):
             return self.inner(attn, hidden_states, *args, **kwargs)
         if slot.layout is Layout.ROTARY:  # video tokens with a rotary table row each (Wan)
             return run_with_rotary(self, slot, attn, hidden_states, args, kwargs)

@@ -239,6 +239,11 @@ class BenchSettings:
             without generating code, to check graph breaks and recompiles cheaply).
         max_compile_warmup: with `compile`, at most this many warm-up rounds in all while a round
             still compiles something.
+        keep_applied: eager, too: each method stays applied on its own shared-weight copy of the model for the
+            whole run, so every timed forward is a later one after applying it, as in a generation's steps
+            (otherwise the method goes on right before its forward and off right after it, and each timed forward
+            is its first after applying: on a model of a few milliseconds per forward that shows). Needs a model
+            (`nn.Module`) and methods that act on the model they are given.
     """
 
     rounds: int = 3
@@ -252,6 +257,7 @@ class BenchSettings:
     compile: str | None = None
     compile_backend: str = "inductor"
     max_compile_warmup: int = 5
+    keep_applied: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.baseline_every, int) and self.baseline_every >= 1):
@@ -469,32 +475,35 @@ def _compilations() -> int:
 class _Models:
     """The model each method runs on.
 
-    Eager: one model; a method is applied right before its forward and removed right after it.
-    Compiled: each method stays applied on its own shared-weight copy, compiled once.
+    Eager: one model; a method is applied right before its forward and removed right after it. Compiled, or with
+    `keep_applied`: each method stays applied on its own shared-weight copy (compiled once, when compiled).
     """
 
     def __init__(self, model: torch.nn.Module, methods: Sequence[Method], settings: BenchSettings) -> None:
         self.model = model
         self.methods = methods
-        self.compiled: list[torch.nn.Module] = []
+        self.applied: list[torch.nn.Module] = []
         self._copies: list[torch.nn.Module] = []
-        if settings.compile is None:
+        if settings.compile is None and not settings.keep_applied:
             return
         try:
             for method in methods:
                 copy_ = shared_weight_copy(model)
                 self._copies.append(copy_)
                 method.apply(copy_)
+                if settings.compile is None:
+                    self.applied.append(copy_)
+                    continue
                 mode = None if settings.compile == "default" else settings.compile
-                self.compiled.append(torch.compile(copy_, mode=mode, backend=settings.compile_backend))
+                self.applied.append(torch.compile(copy_, mode=mode, backend=settings.compile_backend))
         except BaseException:
             self.close()
             raise
 
     @contextmanager
     def use(self, i: int) -> Iterator[torch.nn.Module]:
-        if self.compiled:
-            yield self.compiled[i]
+        if self.applied:  # compiled copies, or eager ones with `keep_applied`
+            yield self.applied[i]
             return
         self.methods[i].apply(self.model)
         try:
@@ -506,7 +515,7 @@ class _Models:
         for method, copy_ in zip(self.methods, self._copies, strict=False):
             method.remove(copy_)
         self._copies.clear()
-        self.compiled.clear()
+        self.applied.clear()
 
 
 @contextmanager

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.util
 import json
@@ -338,7 +339,10 @@ def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
     extra_metrics = _combined(metrics)
     if request.plot_error == "trained" and not trained:
         print("note: --plot-error trained needs the trained-quality columns; plotting the random-weight error.")
-    rows = run_benchmark(bench.model, methods, bench.forward, settings, extra_metrics=extra_metrics)
+    # Each method stays on its own copy of the model: every timed forward is a later one after applying it, as in
+    # a generation's steps.
+    steady = dataclasses.replace(settings, keep_applied=True)
+    rows = run_benchmark(bench.model, methods, bench.forward, steady, extra_metrics=extra_metrics)
     meta = _meta(request, device, dtype, bench, started)
 
     if bench.proxy is not None:
