@@ -141,6 +141,8 @@ def test_unet_ip_adapter_checks_see_the_ip_adapter_processors(ratio):
     # weights keep their names in `state_dict()` and move with `.to()`.
     assert isinstance(block.attn2.processor, torch.nn.Module) and "processor" in block.attn2._modules
     assert unet.state_dict().keys() == plain.state_dict().keys()
+    copy.deepcopy(plain).load_state_dict(unet.state_dict(), strict=True)  # and load both ways
+    copy.deepcopy(unet).load_state_dict(plain.state_dict(), strict=True)
     assert any(".attn2.processor.to_k_ip." in key for key in unet.state_dict())
     unet.to(torch.float64)
     assert block.attn2.processor.to_k_ip[0].weight.dtype == torch.float64
