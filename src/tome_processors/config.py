@@ -201,45 +201,29 @@ class ToMeConfig:
                 f"ratio_start to be None or between 0 and {cap:g}",
                 self.ratio_start,
             )
-        if self.level_ratios is not None:
-            _expect(
-                isinstance(self.level_ratios, (Mapping, tuple)),
-                "level_ratios to be a mapping such as {1: 0.6, 2: 0.3}, or None",
-                self.level_ratios,
-            )
-            for level, level_ratio in dict(self.level_ratios).items():
-                _expect(
-                    _is_int(level) and level in _ALLOWED_DOWNSAMPLE,
-                    "level_ratios keys among 1, 2, 4, 8",
-                    level,
-                )
-                _expect(
-                    _is_number(level_ratio) and 0.0 <= level_ratio <= cap,
-                    f"level_ratios values between 0 and {cap:g}",
-                    level_ratio,
-                )
-            # Stored as sorted pairs of plain numbers so the config stays hashable (merges are cached per config).
-            pairs = sorted((_plain(level), _plain(value)) for level, value in dict(self.level_ratios).items())
-            object.__setattr__(self, "level_ratios", tuple(pairs))
-        if self.level_kv_factors is not None:
-            _expect(
-                isinstance(self.level_kv_factors, (Mapping, tuple)),
-                "level_kv_factors to be a mapping such as {2: 2}, or None",
-                self.level_kv_factors,
-            )
-            for level, factor in dict(self.level_kv_factors).items():
-                _expect(
-                    _is_int(level) and level in _ALLOWED_DOWNSAMPLE, "level_kv_factors keys among 1, 2, 4, 8", level
-                )
-                _expect(_is_int(factor) and factor >= 1, "level_kv_factors values to be integers >= 1", factor)
-            pairs = sorted((_plain(level), _plain(factor)) for level, factor in dict(self.level_kv_factors).items())
-            object.__setattr__(self, "level_kv_factors", tuple(pairs))
+        self._store_per_level(
+            "level_ratios", "{1: 0.6, 2: 0.3}", lambda r: _is_number(r) and 0.0 <= r <= cap, f"between 0 and {cap:g}"
+        )
+        self._store_per_level("level_kv_factors", "{2: 2}", lambda f: _is_int(f) and f >= 1, "to be integers >= 1")
         for flag in ("use_rand", "merge_attn", "merge_crossattn", "merge_mlp", "share_level", "pays_only"):
             value = getattr(self, flag)
             _expect(isinstance(value, bool), f"{flag} to be a bool", value)
         _expect(_is_int(self.seed) and self.seed >= 0, "seed to be a non-negative integer", self.seed)
         for name in _NUMBER_FIELDS:  # NumPy scalars stored as the Python numbers they stand for
             object.__setattr__(self, name, _plain(getattr(self, name)))
+
+    def _store_per_level(self, name: str, example: str, valid: Any, what: str) -> None:
+        """Check the per-level mapping in field `name` (None, or level -> value with `valid(value)`), and store it as
+        sorted pairs of plain numbers so the config stays hashable (merges are cached per config)."""
+        mapping = getattr(self, name)
+        if mapping is None:
+            return
+        _expect(isinstance(mapping, (Mapping, tuple)), f"{name} to be a mapping such as {example}, or None", mapping)
+        for level, value in dict(mapping).items():
+            _expect(_is_int(level) and level in _ALLOWED_DOWNSAMPLE, f"{name} keys among 1, 2, 4, 8", level)
+            _expect(valid(value), f"{name} values {what}", value)
+        pairs = sorted((_plain(level), _plain(value)) for level, value in dict(mapping).items())
+        object.__setattr__(self, name, tuple(pairs))
 
     @property
     def max_ratio(self) -> float:
