@@ -188,7 +188,7 @@ class ToMeProcessor:
     existing processors. Setting other processors again stands the context down at the next forward.
     """
 
-    #: The class a `_signed_class` subclass was made from (the class itself, for one made directly).
+    #: On a `_signed_class` subclass, the class it was made from (None on that class itself).
     _signed_base: type | None = None
 
     def __new__(cls, inner: Any = None, config: ToMeConfig | None = None, **config_kwargs: Any) -> ToMeProcessor:
