@@ -41,13 +41,17 @@ def unet_ip_adapter_state_dict(unet) -> dict:
         layers[f"{key_id}.to_k_ip.weight"] = torch.randn(hidden, CROSS_DIM) * 0.1
         layers[f"{key_id}.to_v_ip.weight"] = torch.randn(hidden, CROSS_DIM) * 0.1
         key_id += 2
-    projection = {
-        "proj.weight": torch.randn(4 * CROSS_DIM, IMAGE_DIM) * 0.1,
-        "proj.bias": torch.zeros(4 * CROSS_DIM),
-        "norm.weight": torch.ones(CROSS_DIM),
-        "norm.bias": torch.zeros(CROSS_DIM),
+    return {"image_proj": image_projection(CROSS_DIM), "ip_adapter": layers}
+
+
+def image_projection(text: int) -> dict:
+    """The adapter's image projection: an image embedding to 4 tokens of width `text` (seeded by the caller)."""
+    return {
+        "proj.weight": torch.randn(4 * text, IMAGE_DIM) * 0.1,
+        "proj.bias": torch.zeros(4 * text),
+        "norm.weight": torch.ones(text),
+        "norm.bias": torch.zeros(text),
     }
-    return {"image_proj": projection, "ip_adapter": layers}
 
 
 def tiny_flux() -> FluxTransformer2DModel:
@@ -67,13 +71,7 @@ def flux_ip_adapter_state_dict(model: FluxTransformer2DModel) -> dict:
         for name in ("to_k_ip", "to_v_ip"):
             layers[f"{key_id}.{name}.weight"] = torch.randn(width, text) * 0.1
             layers[f"{key_id}.{name}.bias"] = torch.zeros(width)
-    projection = {
-        "proj.weight": torch.randn(4 * text, IMAGE_DIM) * 0.1,
-        "proj.bias": torch.zeros(4 * text),
-        "norm.weight": torch.ones(text),
-        "norm.bias": torch.zeros(text),
-    }
-    return {"image_proj": projection, "ip_adapter": layers}
+    return {"image_proj": image_projection(text), "ip_adapter": layers}
 
 
 def flux_inputs(h: int = 4, w: int = 6) -> dict:

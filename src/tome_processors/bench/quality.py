@@ -369,18 +369,7 @@ class QualityProbe:
             >>> row["eps_rel_change"], row["psnr_drop"]  # doctest: +SKIP
         """
         base = self.baseline()
-        if apply is None:
-            eps = base
-        else:
-            # The quality of a method where it merges: the pays rule (pays.py) only ever merges less, and on
-            # this small trained model it would merge nothing.
-            with pays_table(ALWAYS):
-                apply(self.model)
-                try:
-                    eps = self.predict_eps()
-                finally:
-                    if remove is not None:
-                        remove(self.model)
+        eps = base if apply is None else run_where_it_merges(self.model, apply, remove, self.predict_eps)
         x0, x0_base = self.x0_from_eps(eps), self.x0_from_eps(base)
         row: dict[str, float] = {}
         psnrs, base_psnrs = [], []
@@ -676,6 +665,26 @@ def bench_denoiser(family: Family | str | None) -> str:
     if name is not None and name != "svd" and name in FAMILIES and FAMILIES[name].video:
         return "video"
     return "unet"
+
+
+def run_where_it_merges(
+    model: torch.nn.Module,
+    apply: Callable[[torch.nn.Module], object],
+    remove: Callable[[torch.nn.Module], object] | None,
+    run: Callable[[], torch.Tensor],
+) -> torch.Tensor:
+    """`run()` with a method applied to `model`, merging wherever it selects, then removed (even if `run` fails).
+
+    The quality of a method is measured where it merges: the pays rule (pays.py) only ever merges less, and on
+    the small trained models it would merge nothing.
+    """
+    with pays_table(ALWAYS):
+        apply(model)
+        try:
+            return run()
+        finally:
+            if remove is not None:
+                remove(model)
 
 
 def trained_quality_metrics(denoiser: str = "unet", **probe_options: Any) -> Callable[[Method], dict[str, float]]:

@@ -21,9 +21,16 @@ import torch
 from diffusers import DDIMScheduler
 from diffusers.models.cache_utils import CacheMixin
 
-from ..pays import ALWAYS, pays_table
 from .engine import Apply, relative_error
-from .quality import context_dim, context_embedding, heldout_samples, load_denoiser, predict_noise, psnr
+from .quality import (
+    context_dim,
+    context_embedding,
+    heldout_samples,
+    load_denoiser,
+    predict_noise,
+    psnr,
+    run_where_it_merges,
+)
 
 
 class SamplingProbe:
@@ -111,16 +118,7 @@ class SamplingProbe:
             against the clean crops, dB) and `psnr_drop` (the unmerged run's PSNR minus this).
         """
         base = self.baseline()
-        if apply is None:
-            result = base
-        else:
-            with pays_table(ALWAYS):  # where it merges (as `QualityProbe.measure`)
-                apply(self.model)
-                try:
-                    result = self.sample()
-                finally:
-                    if remove is not None:
-                        remove(self.model)
+        result = base if apply is None else run_where_it_merges(self.model, apply, remove, self.sample)
         change = relative_error(result, base)
         value = psnr(result, self.crops)
         return {"image_change": change, "psnr": value, "psnr_drop": psnr(base, self.crops) - value}
