@@ -8,6 +8,7 @@ each sum; then whether `torch.use_deterministic_algorithms(True)` lets a merged 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import torch
@@ -44,8 +45,8 @@ def sums(device: torch.device) -> None:
             index = torch.randint(0, 2 * rows, (2 * tokens,), generator=g).to(device)
             zeros = torch.zeros(2 * rows, channels, device=device, dtype=dtype)
             for name, fn in (
-                ("index_add", lambda: zeros.index_add(0, index, x)),
-                ("index_put(accumulate)", lambda: zeros.index_put((index,), x, accumulate=True)),
+                ("index_add", functools.partial(zeros.index_add, 0, index, x)),
+                ("index_put(accumulate)", functools.partial(zeros.index_put, (index,), x, accumulate=True)),
             ):
                 ms, outs = timed(fn, device)
                 print(f"sum {name:22s} {str(dtype):14s} tokens {tokens:6d}: {distinct(outs)} distinct of {len(outs)}, "
