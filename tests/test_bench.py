@@ -7,6 +7,7 @@ import logging
 import math
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -325,6 +326,26 @@ def test_host_cost_is_counted_on_a_forward_that_finds_the_caches_filled():
     # Reference, the warm-up round with each method's inspection right after its warm-up forward, two rounds
     # of baseline-method-baseline: no separate forward to fill the caches before counting.
     assert len(calls) == 1 + 2 * 2 + 2 * 3
+
+
+def test_short_forwards_are_timed_in_runs_of_several():
+    calls = []
+
+    def forward(model):
+        calls.append(1)
+        time.sleep(0.002)  # a forward of about 2 ms
+        return model(torch.ones(1, 2))
+
+    methods = [baseline_method(), Method("same", "same", None, lambda m: None, lambda m: None)]
+    settings = BenchSettings(rounds=2, measure_memory=False, host_cost=False, progress=False, min_run_seconds=0.01)
+    base, same = run_benchmark(torch.nn.Linear(2, 2), methods, forward, settings)
+    repeats = base.forwards_per_run
+    assert repeats == same.forwards_per_run and 2 <= repeats <= 5  # 10 ms of 2 ms forwards (sleep runs over)
+    # Reference, one warm-up forward each, the forward that sizes the runs, then per round baseline-method-baseline.
+    assert len(calls) == 1 + 2 + 1 + 2 * 3 * repeats
+    assert all(0.002 <= t < 0.01 for t in same.times)  # each timed run counts the mean of its forwards
+    with pytest.raises(ValueError, match="min_run_seconds"):
+        BenchSettings(min_run_seconds=-1)
 
 
 def test_quick_rows_count_host_cost(quick_run):

@@ -179,7 +179,8 @@ class Row:
         compiles: with `BenchSettings.compile`, dynamo compilations during this method's timed runs
             (0 when the compiled graphs were reused); None without compilation.
         times: the forward time of every timed run, in seconds (one per round; the baseline runs
-            several times per round).
+            several times per round); a run of `forwards_per_run` forwards counts their mean.
+        forwards_per_run: back-to-back forwards in each timed run (`BenchSettings.min_run_seconds`).
         overhead_times: the overhead time of every round, in seconds.
         inner_seconds, inner_speedup, inner_times: the same as `seconds`, `speedup` and `times` for the
             second measure of each timed run (`run_benchmark`'s `inner_seconds`), paired the same way;
@@ -212,6 +213,7 @@ class Row:
     inner_times: list[float] = field(default_factory=list)
     pair_seconds: float | None = None
     pair_baseline_seconds: float | None = None
+    forwards_per_run: int = 1
     speedup_min: float | None = None
     speedup_max: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -244,6 +246,10 @@ class BenchSettings:
             (otherwise the method goes on right before its forward and off right after it, and each timed forward
             is its first after applying: on a model of a few milliseconds per forward that shows). Needs a model
             (`nn.Module`) and methods that act on the model they are given.
+        min_run_seconds: a timed run repeats the forward back to back, the same number of times for every method
+            (at most `MAX_FORWARDS_PER_RUN`), until it lasts at least this long by the baseline's time, and counts
+            their mean: a forward of a few milliseconds, timed alone, varies by more than the few percent
+            between methods. 0 (the default): one forward per run. Not with `inner_seconds`.
     """
 
     rounds: int = 3
@@ -258,8 +264,11 @@ class BenchSettings:
     compile_backend: str = "inductor"
     max_compile_warmup: int = 5
     keep_applied: bool = False
+    min_run_seconds: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.min_run_seconds, (int, float)) and 0 <= self.min_run_seconds < float("inf")):
+            raise ValueError(f"Expected min_run_seconds to be a number >= 0, but got {self.min_run_seconds!r}.")
         if not (isinstance(self.baseline_every, int) and self.baseline_every >= 1):
             raise ValueError(f"Expected baseline_every to be an integer >= 1, but got {self.baseline_every!r}.")
         if not (isinstance(self.rounds, int) and self.rounds >= 1):
@@ -608,6 +617,10 @@ def run_benchmark(
     return [_row(method, measured, i, extra[i]) for i, method in enumerate(methods)]
 
 
+#: `BenchSettings.min_run_seconds` repeats a forward at most this many times per timed run.
+MAX_FORWARDS_PER_RUN = 50
+
+
 @dataclass
 class _Measured:
     errors: list[float | None]
@@ -620,6 +633,7 @@ class _Measured:
     memory: list[tuple[float | None, float | None]]
     host: list[HostCost | None]
     profiles: list[ForwardProfile | None]
+    forwards_per_run: int = 1
 
 
 def _measure(
@@ -655,8 +669,10 @@ def _measure(
 
     def run(i: int, in_round: bool) -> float:
         before = _compilations() if compiled else 0
+        repeats = m.forwards_per_run if in_round else 1
         with models.use(i) as current:
-            out, seconds = timed(lambda: forward(current), device)
+            out, seconds = timed(lambda: _repeated(forward, current, repeats), device)
+            seconds /= repeats
         if compiled and in_round:
             m.compiles[i] += _compilations() - before
         record_error(i, out)
@@ -713,6 +729,11 @@ def _measure(
         if _compilations() == before:
             break
 
+    if settings.min_run_seconds > 0 and inner_seconds is None:
+        with models.use(0) as current:
+            seconds = timed(lambda: forward(current), device)[1]
+        m.forwards_per_run = min(MAX_FORWARDS_PER_RUN, max(1, math.ceil(settings.min_run_seconds / seconds)))
+
     for round_index, order in enumerate(schedules[warmups:]):
         bar.set_description(f"round {round_index + 1}")
         # Timed: baseline, a few methods, baseline, ... (the schedule starts and ends with the baseline).
@@ -735,6 +756,13 @@ def _measure(
             with models.use(i) as current:
                 inspect(i, current)
     return m
+
+
+def _repeated(forward: Callable[[torch.nn.Module], torch.Tensor], model: torch.nn.Module, times: int) -> torch.Tensor:
+    """`forward(model)` `times` times back to back; the last output."""
+    for _ in range(times - 1):
+        forward(model)
+    return forward(model)
 
 
 def _inspects(settings: BenchSettings) -> bool:
@@ -793,4 +821,5 @@ def _row(method: Method, m: _Measured, i: int, extra: dict[str, Any]) -> Row:
         extra=extra,
         settings=dict(method.settings),
         profile=m.profiles[i],
+        forwards_per_run=m.forwards_per_run,
     )

@@ -322,6 +322,10 @@ def _combined(
     return lambda method: {key: value for metric in metrics for key, value in metric(method).items()}
 
 
+#: Single-forward rows time back-to-back forwards for at least this long per run (`BenchSettings.min_run_seconds`).
+MIN_RUN_SECONDS = 0.05
+
+
 def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
     """Single forwards: the rows with the trained-denoiser columns, the table, the JSON and the plot."""
     bench, methods, settings, device, dtype, started = run
@@ -341,9 +345,10 @@ def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
         print("note: --plot-error trained needs the trained-quality columns; plotting the random-weight error.")
     # Each method stays on its own copy of the model: every timed forward is a later one after applying it, as in
     # a generation's steps.
-    steady = dataclasses.replace(settings, keep_applied=True)
+    # Forwards of a few milliseconds (tiny models, small sizes on a GPU) are timed in runs of several.
+    steady = dataclasses.replace(settings, keep_applied=True, min_run_seconds=MIN_RUN_SECONDS)
     rows = run_benchmark(bench.model, methods, bench.forward, steady, extra_metrics=extra_metrics)
-    meta = _meta(request, device, dtype, bench, started)
+    meta = {**_meta(request, device, dtype, bench, started), "forwards_per_run": rows[0].forwards_per_run}
 
     if bench.proxy is not None:
         print(f"{PROXY_HEADER}: {meta['proxy']}\n")
