@@ -285,38 +285,3 @@ def test_presets_on_tiny_transformers_on_the_cpu_do_the_baselines_work(family, o
         assert torch.equal(out, baseline) and ops == baseline_ops, (preset, ops - baseline_ops, baseline_ops - ops)
         assert syncs == baseline_syncs  # Qwen-Image's own forward has one
         tp.remove_tome(model)
-
-
-def hooked(module: torch.nn.Module) -> bool:
-    return bool(module._forward_pre_hooks or module._forward_hooks)
-
-
-def test_blocks_that_merge_nothing_run_unhooked_until_they_merge_again():
-    unet = tiny_unet("sd15").eval()
-    tp.apply_tome(unet, preset="fast")
-    blocks = context_of(unet).block_modules
-    assert all(map(hooked, blocks))  # every block starts hooked
-    forward(unet, unet_inputs(side=16))  # tiny on the CPU: nothing pays anywhere
-    assert not any(map(hooked, blocks)) and hooked(unet)  # the model keeps its pre-hook only
-    table = {("cpu", "unet"): PaysThresholds(7.0, 0.0, 0.0, 0.0, 0.0)}  # level 1 pays at 16 x 16, level 2 not
-    with pays_table(table):
-        tp.apply_tome(unet, preset="fast")
-        context = context_of(unet)
-        forward(unet, unet_inputs(side=16))
-        paying = context.model_state.paying
-        assert [hooked(block) for block in context.block_modules] == [factor != 0 for factor in paying]
-        merged = forward(unet, unet_inputs(side=16))
-        tp.apply_tome(unet, preset="fast", pays_only=False, max_downsample=1)  # every block hooked, level 1 merged
-        assert torch.equal(merged, forward(unet, unet_inputs(side=16)))
-        assert not torch.equal(merged, forward(tiny_unet("sd15").eval(), unet_inputs(side=16)))
-    tp.apply_tome(unet, preset="fast")
-    context = context_of(unet)
-    forward(unet, unet_inputs(side=16))
-    assert not any(map(hooked, context.block_modules))
-    tp.new_generation(unet)  # every generation starts hooked: a model compiled now finds its hooks in place
-    assert all(map(hooked, context.block_modules))
-    context.block_modules[0].compile()  # compiled on its own (regional compilation): keeps its hooks
-    context.match_hooks((0,) * len(context.blocks))
-    assert [hooked(block) for block in context.block_modules] == [True] + [False] * (len(context.blocks) - 1)
-    tp.remove_tome(unet)
-    assert not any(hooked(module) for module in unet.modules())

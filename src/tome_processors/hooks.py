@@ -97,7 +97,6 @@ class ModelHooks:
         processor_type: the processor class that reads the slots; while no attention module holds
             one, the context stands down.
         blocks: one `BlockState` per block of the family, in order, beside `block_modules`.
-        block_handles: each block's torch hooks, beside `blocks` (none while the block is idle: `match_hooks`).
         watched: every attention module of the model (for the stand-down check).
         slotted: the attention modules given an `AttentionSlot`.
     """
@@ -111,11 +110,7 @@ class ModelHooks:
         self.block_modules: list[torch.nn.Module] = []
         self.watched: list[torch.nn.Module] = []
         self.slotted: list[torch.nn.Module] = []
-        self.handles: list[torch.utils.hooks.RemovableHandle] = []  # the model's own pre-hook
-        self.block_sites: list[BlockSite] = []
-        self.block_handles: list[list[torch.utils.hooks.RemovableHandle]] = []
-        #: The `pays_only` factors the blocks' hooks are installed for (None: every block hooked).
-        self.hooked_for: tuple[int, ...] | None = None
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
         #: Keeps the processors wrapped through diffusers' own processor swaps (fusing, IP-Adapter loading, ...).
         self.keeper: ProcessorKeeper | None = None
         self.schedule: HostSchedule | None = None  # this generation's timesteps, for `ratio_start`
@@ -166,28 +161,6 @@ class ModelHooks:
         timestep = family.timestep(args, kwargs) if paying is None or any(paying) else None
         state.begin(grid[-2:], timestep, value, marker, frames, tail, text)
         state.set_paying(paying)
-        if paying is not self.hooked_for and not is_compiling():
-            self.match_hooks(paying)
-
-    def match_hooks(self, paying: tuple[int, ...] | None) -> None:
-        """Hook the blocks that merge under `paying` (every block for None) and unhook the others.
-
-        A block that merges nothing runs exactly as without ToMe, and then so does its call: torch's hook
-        dispatch and our hooks' calls cost tens of microseconds per forward, a few percent of a small model's.
-        Eager only (a traced graph cannot add or take hooks); a block compiled on its own keeps its hooks (no
-        recompile), and every generation starts with every block hooked (`reset`), so a model compiled after
-        eager forwards finds them in place.
-        """
-        for index, (handles, block) in enumerate(zip(self.block_handles, self.blocks, strict=True)):
-            wanted = paying is None or index >= len(paying) or paying[index] != 0
-            if wanted and not handles:
-                handles.extend(_hook_block(self, index))
-            elif not wanted and handles and getattr(self.block_modules[index], "_compiled_call_impl", None) is None:
-                for handle in handles:
-                    handle.remove()
-                handles.clear()
-                block.reset()
-        self.hooked_for = paying
 
     def _device_type(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> str:
         x = argument(args, kwargs, self.family.input_position, self.family.input_name)
@@ -249,17 +222,14 @@ class ModelHooks:
         self.model_state.reset()
         for block in self.blocks:
             block.reset()
-        if self.hooked_for is not None and self.handles and not is_compiling():
-            self.match_hooks(None)
 
     def remove(self) -> None:
         """Take away every hook, slot and wrapped method ToMe added to its model."""
         if self.keeper is not None:
             self.keeper.uninstall()
-        for handle in (*self.handles, *(h for handles in self.block_handles for h in handles)):
+        for handle in self.handles:
             handle.remove()
         self.handles.clear()
-        self.block_handles.clear()
         for attn in self.slotted:
             if SLOT_ATTR in attn.__dict__:
                 delattr(attn, SLOT_ATTR)
@@ -418,9 +388,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
         block_state = BlockState(state, index)
         context.blocks.append(block_state)
         context.block_modules.append(site.module)
-        context.block_sites.append(site)
-        context.block_handles.append(_hook_block(context, index))
-        _slot_block(context, site, block_state)
+        _install_block(context, site, block_state, config)
     context.keeper.install()
     logger.debug("ToMe hooks on %s (%s): %d blocks", type(model).__name__, family.name, len(context.blocks))
     return context
@@ -474,24 +442,12 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
     block_state.prepare()
 
 
-def _hook_block(context: ModelHooks, index: int) -> list[torch.utils.hooks.RemovableHandle]:
-    """Register block `index`'s hooks (and its feed-forward's, with `merge_mlp`); returns their handles."""
-    site, block_state, config = context.block_sites[index], context.blocks[index], context.model_state.config
+def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState, config: ToMeConfig) -> None:
     block = site.module
     span_site = site if site.span is not Span.WHOLE else None
-    handles = [
-        block.register_forward_pre_hook(_BlockPreHook(block_state, span_site), with_kwargs=True),
-        block.register_forward_hook(_BlockPostHook(block_state), with_kwargs=True, always_call=True),
-    ]
-    if config.merge_mlp and site.feed_forward is not None:
-        ff = site.feed_forward
-        handles.append(ff.register_forward_pre_hook(_FeedForwardPreHook(block_state, config), with_kwargs=True))
-        handles.append(ff.register_forward_hook(_FeedForwardPostHook(block_state), with_kwargs=True, always_call=True))
-    return handles
+    context.handles.append(block.register_forward_pre_hook(_BlockPreHook(block_state, span_site), with_kwargs=True))
+    context.handles.append(block.register_forward_hook(_BlockPostHook(block_state), with_kwargs=True, always_call=True))
 
-
-def _slot_block(context: ModelHooks, site: BlockSite, block_state: BlockState) -> None:
-    """Give each attention module of the block its `AttentionSlot`, where its processor finds the block's state."""
     for attention in site.attentions:
         built_with = attention.built_with or context.family.built_with or class_default_processor(attention.module)
         slot = AttentionSlot(
@@ -504,6 +460,13 @@ def _slot_block(context: ModelHooks, site: BlockSite, block_state: BlockState) -
         )
         setattr(attention.module, SLOT_ATTR, slot)
         context.slotted.append(attention.module)
+
+    if config.merge_mlp and site.feed_forward is not None:
+        ff = site.feed_forward
+        context.handles.append(ff.register_forward_pre_hook(_FeedForwardPreHook(block_state, config), with_kwargs=True))
+        context.handles.append(
+            ff.register_forward_hook(_FeedForwardPostHook(block_state), with_kwargs=True, always_call=True)
+        )
 
 
 def set_timestep_schedule(model: torch.nn.Module, timesteps: torch.Tensor | None) -> None:
