@@ -337,13 +337,13 @@ def test_short_forwards_are_timed_in_runs_of_several():
         return model(torch.ones(1, 2))
 
     methods = [baseline_method(), Method("same", "same", None, lambda m: None, lambda m: None)]
-    settings = BenchSettings(rounds=2, measure_memory=False, host_cost=False, progress=False, min_run_seconds=0.01)
+    settings = BenchSettings(rounds=2, measure_memory=False, host_cost=False, progress=False, min_run_seconds=0.05)
     base, same = run_benchmark(torch.nn.Linear(2, 2), methods, forward, settings)
     repeats = base.forwards_per_run
-    assert repeats == same.forwards_per_run and 2 <= repeats <= 5  # 10 ms of 2 ms forwards (sleep runs over)
+    assert repeats == same.forwards_per_run and 2 <= repeats <= 25  # 50 ms of forwards of 2 ms or more
     # Reference, one warm-up forward each, the forward that sizes the runs, then per round baseline-method-baseline.
     assert len(calls) == 1 + 2 + 1 + 2 * 3 * repeats
-    assert all(0.002 <= t < 0.01 for t in same.times)  # each timed run counts the mean of its forwards
+    assert len(same.times) == 2 and all(t >= 0.002 for t in same.times)  # a run's time: the mean of its forwards
     with pytest.raises(ValueError, match="min_run_seconds"):
         BenchSettings(min_run_seconds=-1)
 
