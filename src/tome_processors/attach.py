@@ -152,7 +152,7 @@ def _attach_before_tracing(*_: object) -> None:
             with _lock:
                 if getattr(attn, SLOT_ATTR, None) is None:
                     # The class it was made as: its type is that class's subclass for its inner's signature.
-                    made_as = getattr(type(processor), "_signed_base", None) or type(processor)
+                    made_as = type(processor)._signed_base or type(processor)
                     _attach(attn, processor.config, made_as, calls, replace_built=True)
             return
 

@@ -139,6 +139,19 @@ def _new_processor(base: type, inner: Any) -> Any:
     return object.__new__(_signed_class(base, _processor_signature(inner)))
 
 
+def _checked_inner(inner: Any) -> Any:
+    """The processor a `ToMeProcessor` around `inner` runs: `inner`, or what it wraps where it is one (never nested).
+
+    Raises:
+        TypeError: where `inner` is neither None nor callable.
+    """
+    if isinstance(inner, ToMeProcessor):
+        inner = inner.inner
+    if inner is not None and not callable(inner):
+        raise TypeError(f"Expected inner to be a callable attention processor, but got {type(inner).__name__}.")
+    return inner
+
+
 def missing_inner_error(attn: torch.nn.Module) -> ValueError:
     """The error for a `ToMeProcessor()` without an inner processor on a module whose processor ToMe cannot tell."""
     return ValueError(
@@ -192,18 +205,13 @@ class ToMeProcessor:
     _signed_base: type | None = None
 
     def __new__(cls, inner: Any = None, config: ToMeConfig | None = None, **config_kwargs: Any) -> ToMeProcessor:
-        if isinstance(inner, ToMeProcessor):
-            inner = inner.inner
-        if inner is not None and not callable(inner):
-            raise TypeError(f"Expected inner to be a callable attention processor, but got {type(inner).__name__}.")
-        return object.__new__(_signed_class(cls._signed_base or cls, _processor_signature(inner)))
+        return object.__new__(_signed_class(cls._signed_base or cls, _processor_signature(_checked_inner(inner))))
 
     def __init__(self, inner: Any = None, config: ToMeConfig | None = None, **config_kwargs: Any) -> None:
         #: Made without any configuration: a module with ToMe on it already runs under that ToMe's.
         self._takes_model_config = config is None and not config_kwargs
         config = ToMeConfig.from_kwargs(config, **config_kwargs)
-        if isinstance(inner, ToMeProcessor):  # never nest: wrap what it wraps
-            inner = inner.inner
+        inner = _checked_inner(inner)
         self.config = config
         self.inner = inner  # None: the processor each module is built with (`built_inner`)
         # Attention modules where this processor, set without `apply_tome`, found nothing to attach to.

@@ -343,9 +343,8 @@ def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
     extra_metrics = _combined(metrics)
     if request.plot_error == "trained" and not trained:
         print("note: --plot-error trained needs the trained-quality columns; plotting the random-weight error.")
-    # Each method stays on its own copy of the model: every timed forward is a later one after applying it, as in
-    # a generation's steps.
-    # Forwards of a few milliseconds (tiny models, small sizes on a GPU) are timed in runs of several.
+    # Each method stays on its own copy of the model, so every timed forward is a later one after applying it (as in
+    # a generation's steps); forwards of a few milliseconds (tiny models, small sizes on a GPU) are timed in runs.
     steady = dataclasses.replace(settings, keep_applied=True, min_run_seconds=MIN_RUN_SECONDS)
     rows = run_benchmark(bench.model, methods, bench.forward, steady, extra_metrics=extra_metrics)
     meta = {**_meta(request, device, dtype, bench, started), "forwards_per_run": rows[0].forwards_per_run}
