@@ -38,6 +38,22 @@ case $1 in
       --rounds 3 --gradient-checkpointing --no-host-cost "${q[@]}"
     plain 110 hires --pipeline --hires --steps 20 --strength 0.5 --presets balanced fast --rounds 2 --no-memory "${q[@]}"
     ;;
+  bounds)  # how far attention-only methods can go (each profile's attention line) at high resolution and in a LoRA
+    # step, beside the presets; the rows where no preset merges, with more rounds (never slower)
+    q=(--no-tomesd --no-trained-quality)
+    bench 60 sd15-1024 --arch sd15 --resolution 1024 --batch 2 --rounds 3 --modes kv4-avg-2lv "${q[@]}"
+    bench 60 sd15-2048 --arch sd15 --resolution 2048 --batch 1 --rounds 2 --modes kv4-avg-2lv "${q[@]}"
+    bench 80 sdxl-2048 --arch sdxl --resolution 2048 --batch 1 --rounds 2 --modes kv-avg-2lv kv4-avg-2lv "${q[@]}"
+    bench 80 train-768 --train --dtype bfloat16 --arch sd15 --resolution 768 --batch 2 --presets balanced fast \
+      --modes kv4-avg-2lv --rounds 3 --no-host-cost "${q[@]}"
+    for spec in "sd15-512 --arch sd15 --resolution 512 --rounds 10" "sdxl-1024 --arch sdxl --resolution 1024 --rounds 5" \
+      "pixart-1024 --arch pixart --resolution 1024 --rounds 5" \
+      "qwenimage-1024-4 --arch qwenimage --resolution 1024 --layers 4 --dtype bfloat16 --rounds 5"; do
+      read -r name args <<<"$spec"
+      # shellcheck disable=SC2086
+      bench 50 "$name" $args --batch 2 "${q[@]}"
+    done
+    ;;
   hires)  # Stable Diffusion at high resolution: SD1.5 at 1024 (a CFG batch) and 2048, SDXL at 2048, presets and the
     # K/V pooling modes, the trained-model columns left out (they run on the host CPU)
     bench 75 sd15-1024 --arch sd15 --resolution 1024 --batch 2 --rounds 3 --no-tomesd --no-trained-quality \

@@ -8,7 +8,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tome_processors.bench.profiling import ForwardProfile, OpTime, op_times, profile_forward, profile_report
+from tome_processors.bench.profiling import (
+    ForwardProfile,
+    OpTime,
+    is_attention_op,
+    op_times,
+    profile_forward,
+    profile_report,
+)
 from tome_processors.bench.run import BenchRequest, run_bench
 from tome_processors.cli.main import main
 
@@ -51,6 +58,45 @@ def test_cuda_profiles_rank_ops_by_their_kernels_and_count_each_kernel_once():
         ("aten::index_select", 1, pytest.approx(0.1)),
     ]
     assert [op.name for op in op_times(averages, cuda=True, top=1).ops] == ["aten::mm"]
+    assert profile.attention_ms == 0.0 and profile.attention_bound == 1.0
+
+
+def test_attention_kernels_are_summed_beyond_the_top_ops_and_bound_the_speed_up():
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def event(key, device_type, device_us):
+        return SimpleNamespace(key=key, count=1, device_type=device_type, self_device_time_total=device_us)
+
+    averages = [
+        event("aten::cudnn_convolution", cpu, 500.0),
+        event("aten::_cudnn_attention_forward", cpu, 300.0),
+        event("aten::_cudnn_attention_backward", cpu, 100.0),  # outside the top 2, still counted
+        event("aten::scaled_dot_product_attention", cpu, 0.0),  # dispatches only: its kernels are its child's
+        event("kernels", cuda, 1000.0),
+    ]
+    profile = op_times(averages, cuda=True, top=2)
+    assert [op.name for op in profile.ops] == ["aten::cudnn_convolution", "aten::_cudnn_attention_forward"]
+    assert profile.attention_ms == pytest.approx(0.4)
+    assert profile.attention_bound == pytest.approx(1.0 / 0.6)  # the other 60% of the time stays
+    assert "attention kernels: 0.400 ms (40.0%); shortening attention alone gains at most 1.67x" in profile_report(
+        [("baseline", profile)]
+    )
+    assert ForwardProfile("cuda", 1.0, attention_ms=1.0).attention_bound == float("inf")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("aten::_flash_attention_forward", True),
+        ("aten::_efficient_attention_backward", True),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu", True),
+        ("xformers::efficient_attention_forward_cutlass", True),
+        ("aten::bmm", False),
+        ("aten::native_group_norm", False),
+    ],
+)
+def test_attention_ops_are_told_by_name(name, expected):
+    assert is_attention_op(name) is expected
 
 
 def test_profile_report_gives_each_method_its_section_and_shares():
@@ -77,6 +123,7 @@ def test_bench_profile_writes_every_methods_top_ops(tmp_path, one_thread):
         profile = row["profile"]
         assert profile["clock"] == "cpu" and profile["total_ms"] > 0 and profile["ops"]
         assert profile["ops"][0]["self_ms"] >= profile["ops"][-1]["self_ms"]
+        assert 0 < profile["attention_ms"] < profile["total_ms"]  # PixArt's attention runs SDPA's CPU kernel
     # Merging adds its own ops: the gathers of merge and unmerge show up in the merged forwards alone.
     ops = {row["name"]: {op["name"] for op in row["profile"]["ops"]} for row in rows}
     assert len(rows) == 3 and ops["baseline"] != ops[rows[1]["name"]]

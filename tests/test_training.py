@@ -14,6 +14,7 @@ from diffusers.models.attention_processor import AttnProcessor2_0
 from safetensors.torch import load_file
 
 from tome_processors import apply_tome, remove_tome
+from tome_processors.bench.profiling import is_attention_op
 from tome_processors.bench.training import TrainingStep, add_lora, gradient_change
 from tome_processors.bench.unet import UNetInputs
 from tome_processors.cli.main import main
@@ -164,7 +165,7 @@ def test_bench_train_quick_writes_its_json(tmp_path):
     path = tmp_path / "train.json"
     argv = ["bench", "--train", "--quick", "--threads", "1", "--rounds", "1", "--no-progress", "--no-trained-quality"]
     argv += ["--no-host-cost", "--no-tomesd", "--presets", "balanced", "--gradient-checkpointing", "--json", str(path)]
-    assert main(argv) == 0
+    assert main([*argv, "--profile", str(tmp_path / "steps.md")]) == 0
     data = json.loads(path.read_text())
     rows = {row["name"]: row for row in data["rows"]}
     assert list(rows) == ["baseline", "ours balanced", "baseline (checkpointing)", "ours balanced (checkpointing)"]
@@ -175,6 +176,14 @@ def test_bench_train_quick_writes_its_json(tmp_path):
     # checkpointing recomputes the same merges: the same gradient change, both measured on the same weights
     assert rows["ours balanced"]["rel_error"] == pytest.approx(rows["ours balanced (checkpointing)"]["rel_error"])
     assert data["meta"]["gradient_checkpointing"] == "both" and "AdamW" in data["meta"]["step"]
+    # --profile times one whole step per row: attention's backward kernels and the optimizer are in it
+    text = (tmp_path / "steps.md").read_text()
+    assert all(f"### {name}: " in text for name in rows)
+    baseline = rows["baseline"]["profile"]
+    names = {op["name"] for op in baseline["ops"]}
+    assert any(is_attention_op(name) and "backward" in name for name in names)
+    assert any("AdamW" in name for name in names)
+    assert 0 < baseline["attention_ms"] < baseline["total_ms"]
 
 
 @pytest.mark.parametrize(

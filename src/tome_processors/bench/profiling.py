@@ -3,7 +3,9 @@
 A method that merges tokens saves arithmetic in some ops and adds others (the matching, the gathers of merge
 and unmerge). The speed-up column says whether the sum pays; this says which ops moved. One forward per method
 runs under `torch.profiler`: on CUDA each op's self time on the device (its kernels), elsewhere its self time
-on the CPU. The report is a markdown table per method with the ops that took the most time.
+on the CPU. The report is a markdown table per method with the ops that took the most time, after a line with
+attention's own kernels (scaled dot-product attention, forward and backward): their share `a` of the total bounds
+what any method that shortens attention alone can give, `1 / (1 - a)`, whatever the rest of the model costs.
 
 Example:
     >>> _, profile = profile_forward(lambda: torch.ones(64, 64) @ torch.ones(64, 64), torch.device("cpu"))
@@ -20,7 +22,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["ForwardProfile", "OpTime", "op_times", "profile_forward", "profile_report", "save_profile_report"]
+__all__ = [
+    "ForwardProfile",
+    "OpTime",
+    "is_attention_op",
+    "op_times",
+    "profile_forward",
+    "profile_report",
+    "save_profile_report",
+]
 
 
 @dataclass
@@ -40,11 +50,35 @@ class ForwardProfile:
         clock: `"cuda"` (self time on the device) or `"cpu"` (self time on the host).
         total_ms: every op's self time summed, in milliseconds.
         ops: the ops that took the most self time, the largest first (`top` of them).
+        attention_ms: the self time of the attention kernels' ops (`is_attention_op`), all of them.
     """
 
     clock: str
     total_ms: float
     ops: list[OpTime] = field(default_factory=list)
+    attention_ms: float = 0.0
+
+    @property
+    def attention_bound(self) -> float:
+        """The most a method that makes attention's kernels cheaper (and nothing else) could speed this up by.
+
+        Example:
+            >>> ForwardProfile("cuda", 10.0, attention_ms=6.0).attention_bound
+            2.5
+        """
+        rest = self.total_ms - self.attention_ms
+        return self.total_ms / rest if rest > 0 else float("inf")
+
+
+def is_attention_op(name: str) -> bool:
+    """Whether an op is one of attention's kernels: SDPA's backends forward or backward (flash, memory-efficient,
+    cuDNN, the CPU's), xFormers' `memory_efficient_attention`. Composite ops that only dispatch have no self time.
+
+    Example:
+        >>> is_attention_op("aten::_cudnn_attention_backward"), is_attention_op("aten::addmm")
+        (True, False)
+    """
+    return "attention" in name.lower()
 
 
 def profile_forward(call: Callable[[], Any], device: torch.device, top: int = 20) -> tuple[Any, ForwardProfile]:
@@ -76,7 +110,8 @@ def op_times(averages: Sequence[Any], cuda: bool, top: int = 20) -> ForwardProfi
         total = sum(us for *_, us in ops)
     ops = sorted((entry for entry in ops if entry[2] > 0), key=lambda entry: -entry[2])
     top_ops = [OpTime(name, calls, us / 1000) for name, calls, us in ops[:top]]
-    return ForwardProfile("cuda" if cuda else "cpu", total / 1000, top_ops)
+    attention_us = sum(us for name, _, us in ops if is_attention_op(name))
+    return ForwardProfile("cuda" if cuda else "cpu", total / 1000, top_ops, attention_us / 1000)
 
 
 def _device_us(event: Any) -> float:
@@ -92,6 +127,8 @@ def profile_report(named: Sequence[tuple[str, ForwardProfile]]) -> str:
         >>> print(profile_report([("baseline", ForwardProfile("cpu", 2.0, [OpTime("aten::mm", 1, 1.5)]))]))
         ### baseline: 2.000 ms of op self time on the cpu
         <BLANKLINE>
+        attention kernels: 0.000 ms (0.0%); shortening attention alone gains at most 1.00x here
+        <BLANKLINE>
         | op | calls | self ms | share % |
         |---|---|---|---|
         | aten::mm | 1 | 1.500 | 75.0 |
@@ -101,14 +138,21 @@ def profile_report(named: Sequence[tuple[str, ForwardProfile]]) -> str:
         lines = [
             f"### {name}: {profile.total_ms:.3f} ms of op self time on the {profile.clock}",
             "",
+            f"attention kernels: {profile.attention_ms:.3f} ms ({_percent(profile.attention_ms, profile.total_ms)}%); "
+            f"shortening attention alone gains at most {profile.attention_bound:.2f}x here",
+            "",
             "| op | calls | self ms | share % |",
             "|---|---|---|---|",
         ]
         for op in profile.ops:
-            share = 100 * op.self_ms / profile.total_ms if profile.total_ms else 0.0
-            lines.append(f"| {op.name.replace('|', '/')} | {op.calls} | {op.self_ms:.3f} | {share:.1f} |")
+            share = _percent(op.self_ms, profile.total_ms)
+            lines.append(f"| {op.name.replace('|', '/')} | {op.calls} | {op.self_ms:.3f} | {share} |")
         sections.append("\n".join(lines))
     return "\n\n".join(sections)
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole if whole else 0.0:.1f}"
 
 
 def save_profile_report(named: Sequence[tuple[str, ForwardProfile]], path: str | Path, header: str = "") -> Path:

@@ -32,7 +32,7 @@ from PIL import Image
 
 from .attention_share import attention_share_metrics
 from .caches import cache_methods, cache_quality, cache_quality_table, opens_cache_context, supports_caches
-from .engine import BenchSettings, Method, run_benchmark
+from .engine import BenchSettings, Method, Row, run_benchmark
 from .generate import DEFAULT_PROMPT, generation_table, save_generation_grid, save_generation_json, time_generations
 from .hires import HIRES_SCALE, hires_table, time_hires
 from .meta import dtype_name, machine, resolve_device, resolve_dtype, versions
@@ -74,7 +74,7 @@ class BenchRequest:
         trained_quality: add the columns measured on the shipped trained denoiser (needs scikit-image).
         plot_error: the plot's x axis, `"random"` or `"trained"`.
         json_path, plot_path: where to write the JSON and the plot (None: not written).
-        profile_path: single forwards only: where to write each method's forward timed op by op
+        profile_path: where to write each method's forward (with `train`, its training step) timed op by op
             (`profiling.profile_report`; None: not profiled).
         grid_path: with `pipeline`, where to save the image grid.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
@@ -241,7 +241,6 @@ def _check_training(request: BenchRequest) -> None:
     unsupported = {
         "pipeline": request.pipeline,
         "compile": request.compile is not None,
-        "profile_path": request.profile_path is not None,
         "plot_path": request.plot_path is not None,
     }
     for name, given in unsupported.items():
@@ -356,9 +355,7 @@ def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
     print(meta_lines(meta))
     if request.json_path:
         print(f"JSON: {save_json(rows, meta, request.json_path)}")
-    if request.profile_path:
-        named = [(row.name, row.profile) for row in rows if row.profile is not None]
-        print(f"profile: {save_profile_report(named, request.profile_path, header=f'`{request.command}`')}")
+    _save_profiles(request, rows)
     if request.plot_path:
         title = f"{bench.description}, {bench.resolution} px, batch {request.batch}, {meta['dtype']} on {device.type}"
         error_key = TRAINED_COLUMNS[denoiser][0] if trained and request.plot_error == "trained" else None
@@ -393,7 +390,15 @@ def _run_training(request: BenchRequest, run: _Prepared) -> int:
     print(meta_lines(meta))
     if request.json_path:
         print(f"JSON: {save_json(rows, meta, request.json_path)}")
+    _save_profiles(request, rows)
     return 0
+
+
+def _save_profiles(request: BenchRequest, rows: list[Row]) -> None:
+    """Write each row's op-by-op profile (a forward, or a training step) where `profile_path` says."""
+    if request.profile_path:
+        named = [(row.name, row.profile) for row in rows if row.profile is not None]
+        print(f"profile: {save_profile_report(named, request.profile_path, header=f'`{request.command}`')}")
 
 
 def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:

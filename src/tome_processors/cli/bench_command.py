@@ -206,8 +206,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile",
         default=None,
         metavar="PATH",
-        help="time one more forward per method op by op (torch.profiler: device time on CUDA, CPU time elsewhere) and "
-        "write each method's top ops to PATH (markdown); not with --pipeline",
+        help="time one more forward (with --train, one more step) per method op by op (torch.profiler: device time "
+        "on CUDA, CPU time elsewhere) and write each method's top ops and attention kernels to PATH (markdown); not "
+        "with --pipeline",
     )
     out.add_argument(
         "--plot-error",
@@ -370,7 +371,6 @@ def _check_train(args: argparse.Namespace, fail: Any) -> None:
     for option, given in (
         ("--pipeline", args.pipeline),
         ("--compile", args.compile is not None),
-        ("--profile", args.profile is not None),
         ("--plot", args.plot is not None),
     ):
         if given:
