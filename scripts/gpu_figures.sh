@@ -54,6 +54,13 @@ case $1 in
       bench 50 "$name" $args --batch 2 "${q[@]}"
     done
     ;;
+  trainsizes)  # the LoRA step where the GPU is busier: batch 8 at 768 px, batch 2 at 1024 px (profiles too)
+    q=(--no-tomesd --no-trained-quality --no-host-cost)
+    bench 130 train-768-b8 --train --dtype bfloat16 --arch sd15 --resolution 768 --batch 8 --presets balanced fast \
+      --rounds 3 "${q[@]}"
+    bench 100 train-1024 --train --dtype bfloat16 --arch sd15 --resolution 1024 --batch 2 --presets balanced fast \
+      --rounds 3 "${q[@]}"
+    ;;
   hires)  # Stable Diffusion at high resolution: SD1.5 at 1024 (a CFG batch) and 2048, SDXL at 2048, presets and the
     # K/V pooling modes, the trained-model columns left out (they run on the host CPU)
     bench 75 sd15-1024 --arch sd15 --resolution 1024 --batch 2 --rounds 3 --no-tomesd --no-trained-quality \
