@@ -222,6 +222,20 @@ class ModelState:
         if self.config.ratio_start is not None:
             self.timestep_value = timestep_value if timestep_value is not None else _timestep_value(timestep)
 
+    def begin_idle(self, latent_hw: tuple[int, int], frames: int, paying: tuple[int, ...]) -> None:
+        """Start a forward in which `pays_only` merges in no block (`paying` all 0): record its grid and hand every
+        block its 0; the last merging forward's tensors are let go once, when the verdict changes."""
+        if paying is not self.paying:
+            self.kept.clear()
+            self._forget_plans()
+            self._stacks = ()
+            self._shared = ()
+            self.rotary_tables = ()
+            self.timestep = None
+        self.latent_hw = latent_hw
+        self.frames = frames
+        self.set_paying(paying)
+
     def set_paying(self, paying: tuple[int, ...] | None) -> None:
         """Hand each block its `pays_only` factor (`BlockState.factor`), where the decision is another than the last.
 

@@ -136,14 +136,20 @@ class ModelHooks:
         if grid is None:
             state.reset()
             return
+        # A video family's grid is `(frames, h, w)`.
+        frames = grid[0] if len(grid) == 3 else 1
+        paying = None
+        if state.config.pays_only:
+            paying = self.paying(grid[-2:], frames, self._device_type(model, args, kwargs))
+            if not any(paying):  # merging pays in no block: every hook and processor passes straight through
+                state.begin_idle(grid[-2:], frames, paying)
+                return
         value = None
         if state.config.ratio_start is not None and self.schedule is not None:
             # The argument as passed (a view of the schedule), not the family's rescaled copy.
             value = self.schedule.value_for(argument(args, kwargs, family.timestep_position, "timestep"))
         # Only reuse across steps (`recompute_every`) carries anything from one forward into the next.
         marker = family.generation_marker(args, kwargs) if state.config.recompute_every > 1 else None
-        # A video family's grid is `(frames, h, w)`.
-        frames = grid[0] if len(grid) == 3 else 1
         if not is_compiling() and not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames):
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         tail = family.trailing_tokens(args, kwargs, grid)
@@ -154,18 +160,14 @@ class ModelHooks:
             text = kwargs.get("encoder_hidden_states") if position is None else None
             if position is not None:
                 text = argument(args, kwargs, position, "encoder_hidden_states")
-        paying = None
-        if state.config.pays_only:
-            paying = self.paying(grid[-2:], frames, self._device_type(model, args, kwargs))
-        # Where nothing pays, not even the family's timestep scaling (an op on Flux) runs.
-        timestep = family.timestep(args, kwargs) if paying is None or any(paying) else None
+        timestep = family.timestep(args, kwargs)
         state.begin(grid[-2:], timestep, value, marker, frames, tail, text)
         state.set_paying(paying)
 
     def _device_type(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> str:
         x = argument(args, kwargs, self.family.input_position, self.family.input_name)
-        if isinstance(x, torch.Tensor):
-            return x.device.type
+        if isinstance(x, torch.Tensor):  # `device` makes an object per call; the flags are plain reads
+            return "cuda" if x.is_cuda else "cpu" if x.is_cpu else x.device.type
         return next((p.device.type for p in model.parameters()), "cpu")
 
     def paying(self, grid: tuple[int, int], frames: int, device_type: str) -> tuple[int, ...]:
@@ -213,7 +215,10 @@ class ModelHooks:
         """Whether some attention module still holds a ToMe processor (identity and type checks only)."""
         kind = self.processor_type
         # Stops at the first hit: while ToMe is on, that is the first module.
-        return any(isinstance(getattr(attn, "processor", None), kind) for attn in self.watched)
+        for attn in self.watched:
+            if isinstance(getattr(attn, "processor", None), kind):
+                return True
+        return False
 
     def reset(self) -> None:
         """Forget the current generation: token grid, step count, kept merges, block inputs, timesteps."""
@@ -292,7 +297,8 @@ class _BlockPostHook:
         self.block_state = block_state
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        self.block_state.reset()
+        if self.block_state.factor != 0:  # a block that merges nothing this forward holds nothing
+            self.block_state.reset()
 
 
 class _FeedForwardPreHook:
@@ -429,12 +435,13 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
     Where the block's input holds other tokens too (`site.span`), the metric is the grid's tokens of it (before
     the model's tail, `ModelState.tail`, in a trailing span).
     """
+    if block_state.factor == 0:  # `pays_only`: merging does not pay in this block (its post-hook left it clear)
+        return
     block_state.reset()
     hidden_states = argument(args, kwargs, 0, "hidden_states")
     model = block_state.model
-    if not isinstance(hidden_states, torch.Tensor) or block_state.factor == 0:
-        block_state.metric = None  # nothing to merge from (`pays_only`: merging does not pay in this block)
-        return
+    if not isinstance(hidden_states, torch.Tensor):
+        return  # nothing to merge from
     latent_hw = model.latent_hw
     if site is not None and latent_hw is not None:
         hidden_states = site.metric(hidden_states, latent_hw[0] * latent_hw[1], model.tail)

@@ -310,11 +310,12 @@ class ToMeProcessor:
         slot = getattr(attn, SLOT_ATTR, None)
         if slot is None:  # set with `set_attn_processor`: attach to the model being called (attach.py)
             slot = slot_for_call(attn, self.config, type(self)._signed_base, self._passed_through)
-        if self._inner_processor() is None:
+        inner = self.__dict__.get("inner")
+        if inner is None:
             return self._run_built(slot, attn, hidden_states, args, kwargs)
         # Nothing merged here: no block state at all, or the pays rule turned this block's merging off.
-        if slot is None or hidden_states.ndim != 3 or (slot.block.factor == 0 and self.config.pays_only):
-            return self.inner(attn, hidden_states, *args, **kwargs)
+        if slot is None or (slot.block.factor == 0 and self.config.pays_only) or hidden_states.ndim != 3:
+            return inner(attn, hidden_states, *args, **kwargs)
         if slot.layout is Layout.ROTARY:  # video tokens with a rotary table row each (Wan)
             return run_with_rotary(self, slot, attn, hidden_states, args, kwargs)
         if slot.layout is not Layout.IMAGE:  # image tokens next to text tokens (SD3, Flux)
