@@ -192,6 +192,31 @@ def test_decided_once_per_grid_and_device_type_with_no_extra_op():
     tp.remove_tome(unet)
 
 
+def test_a_grid_where_nothing_pays_passes_through_and_lets_the_last_merges_go():
+    # Merging pays from a work per block of 1e6: level 1 of the 16 x 16 latent (2.4e6), nowhere on the 8 x 8 one.
+    unet = tiny_unet("sd15").eval()
+    table = {
+        ("cpu", "unet"): PaysThresholds(
+            kv_load=0.0, kv4_load=0.0, block_work=1e6, shared_block_work=1e6, shared_level_work=0.0
+        )
+    }
+    big, small = unet_inputs(side=16), unet_inputs(side=8)
+    plain_big, plain_small = forward(unet, big), forward(unet, small)
+    with pays_table(table):
+        tp.apply_tome(unet, preset="exact", recompute_every=2)  # keeps its merges across steps: state to let go
+        context = context_of(unet)
+        state = context.model_state
+        merged_big = [forward(unet, big) for _ in range(2)]
+        assert any(state.paying) and state.kept and not torch.equal(merged_big[0], plain_big)
+        for _ in range(2):
+            assert torch.equal(forward(unet, small), plain_small)
+            assert not any(state.paying) and state.latent_hw == (8, 8)
+            assert not state.kept and state._plans == () and state.timestep is None
+            assert all(block.metric is None and block.merge is None for block in context.blocks)
+        assert torch.equal(forward(unet, big), merged_big[0])  # merging again where it pays, from a new matching
+    tp.remove_tome(unet)
+
+
 def test_the_hook_decides_as_explain_tome_says():
     unet = tiny_unet("sd15").eval()
     table = {
