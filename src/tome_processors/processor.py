@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 import weakref
 from typing import Any
 
@@ -42,10 +43,14 @@ def _signed_class(base: type, signature: inspect.Signature) -> type:
     except TypeError:  # a signature with unhashable defaults: a class of its own
         signed, key = None, None
     if signed is None:
-
-        def __call__(self: ToMeProcessor, *args: Any, **kwargs: Any) -> Any:
-            return self.forward(*args, **kwargs)
-
+        # `base.forward` itself under the name `__call__` (a copy, to carry the signature): no extra call per attention.
+        forward = base.forward
+        __call__ = types.FunctionType(
+            forward.__code__, forward.__globals__, "__call__", forward.__defaults__, forward.__closure__
+        )
+        __call__.__kwdefaults__ = forward.__kwdefaults__
+        __call__.__qualname__ = f"{base.__qualname__}.__call__"
+        __call__.__doc__ = forward.__doc__
         parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *signature.parameters.values()]
         __call__.__signature__ = _TraceableSignature(parameters, return_annotation=signature.return_annotation)  # type: ignore[attr-defined]
         namespace = {"__call__": __call__, "__module__": base.__module__, "__qualname__": base.__qualname__}
