@@ -9,6 +9,7 @@ adapters): `attn2.processor.__class__.__name__ in ("IPAdapterAttnProcessor", "IP
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 import pickle
 
@@ -114,6 +115,29 @@ def test_a_wrapper_answers_for_the_processor_it_wraps():
     for copied in (copy.deepcopy(wrapper), pickle.loads(pickle.dumps(wrapper)), torch.load(buffer, weights_only=False)):
         assert issubclass(type(copied), ToMeProcessor) and copied.__class__ is AttnProcessor2_0
         assert copied.config == wrapper.config and copied.inner is not wrapper.inner
+
+
+def test_a_subclass_runs_its_own_forward_and_shows_the_inner_signature():
+    # A call of a ToMe processor runs its class's `forward` (the call is a copy of it, carrying the inner's signature).
+    calls = []
+
+    class CountingToMe(ToMeProcessor):
+        def forward(self, attn, hidden_states, *args, **kwargs):
+            calls.append(attn)
+            return super().forward(attn, hidden_states, *args, **kwargs)
+
+    unet = tiny_unet("sd15")
+    inputs = unet_inputs(unet)
+    plain = run_unet(unet, *inputs)
+    unet.set_attn_processor(CountingToMe(AttnProcessor2_0(), ratio=0.5))
+    first = run_unet(unet, *inputs)
+    assert len(calls) == len(unet.attn_processors) and not torch.equal(first, plain)
+    processor = next(iter(unet.attn_processors.values()))
+    assert isinstance(processor, CountingToMe) and processor.__class__ is AttnProcessor2_0
+    assert list(inspect.signature(processor.__call__).parameters) == list(
+        inspect.signature(AttnProcessor2_0().__call__).parameters
+    )
+    assert torch.equal(run_unet(unet, *inputs), first) and len(calls) == 2 * len(unet.attn_processors)
 
 
 @pytest.mark.parametrize("ratio", [0.0, 0.5])
