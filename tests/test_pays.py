@@ -217,6 +217,32 @@ def test_a_grid_where_nothing_pays_passes_through_and_lets_the_last_merges_go():
     tp.remove_tome(unet)
 
 
+def test_a_block_attached_while_running_holds_nothing_once_merging_stops_paying():
+    # `set_attn_processor` attaches in the first forward, inside a running block whose post-hook never runs.
+    unet = tiny_unet("sd15").eval()
+    table = {
+        ("cpu", "unet"): PaysThresholds(
+            kv_load=0.0, kv4_load=0.0, block_work=1e6, shared_block_work=1e6, shared_level_work=0.0
+        )
+    }
+    with pays_table(table):
+        unet.set_attn_processor(tp.ToMeProcessor(config=ToMeConfig.from_preset("exact", "unet")))
+        forward(unet, unet_inputs(side=16))  # merges at level 1
+        context = context_of(unet)
+        assert context.blocks[0].merge is not None  # the block that was running when ToMe attached
+        forward(unet, unet_inputs(side=8))  # merges nowhere
+        assert all(block.metric is None and block.merge is None for block in context.blocks)
+    tp.remove_tome(unet)
+
+
+def test_a_preset_still_says_when_the_grid_has_no_whole_window():
+    unet = tiny_unet("sd15").eval()
+    tp.apply_tome(unet, preset="exact", sx=4, sy=4)
+    with pytest.warns(UserWarning, match="its 2x2 token grid has no whole 4x4"):
+        forward(unet, unet_inputs(side=2))
+    tp.remove_tome(unet)
+
+
 def test_the_hook_decides_as_explain_tome_says():
     unet = tiny_unet("sd15").eval()
     table = {

@@ -140,6 +140,31 @@ def test_a_subclass_runs_its_own_forward_and_shows_the_inner_signature():
     assert torch.equal(run_unet(unet, *inputs), first) and len(calls) == 2 * len(unet.attn_processors)
 
 
+def test_a_subclass_whose_forward_is_no_plain_function_is_called_through_it():
+    calls = []
+
+    class Logged:  # a callable descriptor, as a decorator might leave `forward`
+        def __get__(self, processor, owner=None):
+            if processor is None:
+                return self
+
+            def bound(*args, **kwargs):
+                calls.append(args[0])
+                return ToMeProcessor.forward(processor, *args, **kwargs)
+
+            return bound
+
+    class LoggedToMe(ToMeProcessor):
+        forward = Logged()
+
+    unet = tiny_unet("sd15")
+    inputs = unet_inputs(unet)
+    unet.set_attn_processor(ToMeProcessor(AttnProcessor2_0(), ratio=0.5))
+    expected = run_unet(unet, *inputs)
+    unet.set_attn_processor(LoggedToMe(AttnProcessor2_0(), ratio=0.5))
+    assert torch.equal(run_unet(unet, *inputs), expected) and len(calls) == len(unet.attn_processors)
+
+
 @pytest.mark.parametrize("ratio", [0.0, 0.5])
 def test_unet_ip_adapter_checks_see_the_ip_adapter_processors(ratio):
     plain = tiny_unet("sd15")

@@ -240,10 +240,13 @@ class ModelState:
         """Hand each block its `pays_only` factor (`BlockState.factor`), where the decision is another than the last.
 
         Each block reads its own attribute, not the tuple at its index: a compiled block (regional compilation)
-        then guards on its own value, so blocks with one verdict share a graph.
+        then guards on its own value, so blocks with one verdict share a graph. A new verdict also clears every
+        block: a block that merges nothing skips its hooks' work, so it must hold nothing from before (a block
+        whose post-hook never ran, attached while it was running, say).
         """
         if paying is not self.paying:
             for block in self.blocks:
+                block.reset()
                 block.factor = paying[block.index] if paying is not None and block.index < len(paying) else None
         self.paying = paying
 

@@ -138,6 +138,8 @@ class ModelHooks:
             return
         # A video family's grid is `(frames, h, w)`.
         frames = grid[0] if len(grid) == 3 else 1
+        if not is_compiling() and not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames):
+            self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         paying = None
         if state.config.pays_only:
             paying = self.paying(grid[-2:], frames, self._device_type(model, args, kwargs))
@@ -150,8 +152,6 @@ class ModelHooks:
             value = self.schedule.value_for(argument(args, kwargs, family.timestep_position, "timestep"))
         # Only reuse across steps (`recompute_every`) carries anything from one forward into the next.
         marker = family.generation_marker(args, kwargs) if state.config.recompute_every > 1 else None
-        if not is_compiling() and not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames):
-            self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         tail = family.trailing_tokens(args, kwargs, grid)
         # The text input names the forward's branch of the step (two calls per step for a classifier-free guidance).
         text = None

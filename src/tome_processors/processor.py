@@ -6,6 +6,7 @@ import functools
 import inspect
 import types
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,14 +44,7 @@ def _signed_class(base: type, signature: inspect.Signature) -> type:
     except TypeError:  # a signature with unhashable defaults: a class of its own
         signed, key = None, None
     if signed is None:
-        # `base.forward` itself under the name `__call__` (a copy, to carry the signature): no extra call per attention.
-        forward = base.forward
-        __call__ = types.FunctionType(
-            forward.__code__, forward.__globals__, "__call__", forward.__defaults__, forward.__closure__
-        )
-        __call__.__kwdefaults__ = forward.__kwdefaults__
-        __call__.__qualname__ = f"{base.__qualname__}.__call__"
-        __call__.__doc__ = forward.__doc__
+        __call__ = _call_of(base)
         parameters = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *signature.parameters.values()]
         __call__.__signature__ = _TraceableSignature(parameters, return_annotation=signature.return_annotation)  # type: ignore[attr-defined]
         namespace = {"__call__": __call__, "__module__": base.__module__, "__qualname__": base.__qualname__}
@@ -59,6 +53,26 @@ def _signed_class(base: type, signature: inspect.Signature) -> type:
         if key is not None:
             _SIGNED_CLASSES[key] = signed
     return signed
+
+
+def _call_of(base: type) -> Callable[..., Any]:
+    """A `__call__` for `base`'s signed class: a copy of `base.forward` (no extra Python call per attention), or,
+    where `forward` is no plain function, one that calls it. The copy is made once per class: a `forward` patched
+    on the class or an instance later is not what a call runs."""
+    forward = inspect.getattr_static(base, "forward")  # as the class holds it: a descriptor stays itself
+    if isinstance(forward, types.FunctionType):
+        call = types.FunctionType(
+            forward.__code__, forward.__globals__, "__call__", forward.__defaults__, forward.__closure__
+        )
+        call.__kwdefaults__ = forward.__kwdefaults__
+        call.__qualname__ = f"{base.__qualname__}.__call__"
+        call.__doc__ = forward.__doc__
+        return call
+
+    def __call__(self: ToMeProcessor, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    return __call__
 
 
 #: `_signed_class`'s class for each base and signature.
@@ -311,7 +325,8 @@ class ToMeProcessor:
         return inner
 
     def forward(self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        """Merge, run the inner processor, unmerge (what a call runs; `__call__` shows the inner's signature)."""
+        """Merge, run the inner processor, unmerge: what a call runs (the class's `__call__` is a copy of this method,
+        made with the class, that shows the inner's signature)."""
         slot = getattr(attn, SLOT_ATTR, None)
         if slot is None:  # set with `set_attn_processor`: attach to the model being called (attach.py)
             slot = slot_for_call(attn, self.config, type(self)._signed_base, self._passed_through)
