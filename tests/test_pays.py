@@ -192,17 +192,19 @@ def test_decided_once_per_grid_and_device_type_with_no_extra_op():
     tp.remove_tome(unet)
 
 
+#: Merging pays from a work per block of 1e6: at level 1 of the 16 x 16 latent (2.4e6), nowhere on the 8 x 8 one.
+MERGING_PAYS_FROM_1E6 = {
+    ("cpu", "unet"): PaysThresholds(
+        kv_load=0.0, kv4_load=0.0, block_work=1e6, shared_block_work=1e6, shared_level_work=0.0
+    )
+}
+
+
 def test_a_grid_where_nothing_pays_passes_through_and_lets_the_last_merges_go():
-    # Merging pays from a work per block of 1e6: level 1 of the 16 x 16 latent (2.4e6), nowhere on the 8 x 8 one.
     unet = tiny_unet("sd15").eval()
-    table = {
-        ("cpu", "unet"): PaysThresholds(
-            kv_load=0.0, kv4_load=0.0, block_work=1e6, shared_block_work=1e6, shared_level_work=0.0
-        )
-    }
     big, small = unet_inputs(side=16), unet_inputs(side=8)
     plain_big, plain_small = forward(unet, big), forward(unet, small)
-    with pays_table(table):
+    with pays_table(MERGING_PAYS_FROM_1E6):
         tp.apply_tome(unet, preset="exact", recompute_every=2)  # keeps its merges across steps: state to let go
         context = context_of(unet)
         state = context.model_state
@@ -220,12 +222,7 @@ def test_a_grid_where_nothing_pays_passes_through_and_lets_the_last_merges_go():
 def test_a_block_attached_while_running_holds_nothing_once_merging_stops_paying():
     # `set_attn_processor` attaches in the first forward, inside a running block whose post-hook never runs.
     unet = tiny_unet("sd15").eval()
-    table = {
-        ("cpu", "unet"): PaysThresholds(
-            kv_load=0.0, kv4_load=0.0, block_work=1e6, shared_block_work=1e6, shared_level_work=0.0
-        )
-    }
-    with pays_table(table):
+    with pays_table(MERGING_PAYS_FROM_1E6):
         unet.set_attn_processor(tp.ToMeProcessor(config=ToMeConfig.from_preset("exact", "unet")))
         forward(unet, unet_inputs(side=16))  # merges at level 1
         context = context_of(unet)
