@@ -178,12 +178,9 @@ class ModelState:
         self._last_timestep = None
         self._forget_branches()
         self._generation = None
-        self._stacks = ()
-        self._shared = ()
-        self.rotary_tables = ()
         self.set_paying(None)
         self.kept.clear()
-        self._forget_plans()
+        self._forget_forward()
 
     def begin(
         self,
@@ -213,10 +210,7 @@ class ModelState:
         self.frames = frames
         self.tail = tail
         self.timestep = timestep
-        self._forget_plans()
-        self._stacks = ()
-        self._shared = ()
-        self.rotary_tables = ()
+        self._forget_forward()
         if branch is not None:  # host counting: reuse across steps is for eager runs
             self._count_step(timestep, branch)
         if self.config.ratio_start is not None:
@@ -227,10 +221,7 @@ class ModelState:
         block its 0; the last merging forward's tensors are let go once, when the verdict changes."""
         if paying is not self.paying:
             self.kept.clear()
-            self._forget_plans()
-            self._stacks = ()
-            self._shared = ()
-            self.rotary_tables = ()
+            self._forget_forward()
             self.timestep = None
         self.latent_hw = latent_hw
         self.frames = frames
@@ -249,6 +240,13 @@ class ModelState:
                 block.reset()
                 block.factor = paying[block.index] if paying is not None and block.index < len(paying) else None
         self.paying = paying
+
+    def _forget_forward(self) -> None:
+        """Let go of what the last forward made for its blocks: plans, stacked and shared merges, rotary tables."""
+        self._forget_plans()
+        self._stacks = ()
+        self._shared = ()
+        self.rotary_tables = ()
 
     def _forget_plans(self) -> None:
         # Every block's handed-over partitions too: written here before a compiled graph reads any, so none

@@ -330,7 +330,7 @@ class ToMeProcessor:
         slot = getattr(attn, SLOT_ATTR, None)
         if slot is None:  # set with `set_attn_processor`: attach to the model being called (attach.py)
             slot = slot_for_call(attn, self.config, type(self)._signed_base, self._passed_through)
-        inner = self.__dict__.get("inner")
+        inner = self._inner_processor()
         if inner is None:
             return self._run_built(slot, attn, hidden_states, args, kwargs)
         # Nothing merged here: no block state at all, or the pays rule turned this block's merging off.
