@@ -59,7 +59,16 @@ def warn_if_merges_nothing(
     and for each option that has no effect on the model's family."""
     family = family or family_of(model)
     name = type(model).__name__
-    levels = attention_levels(model) or [1]  # a transformer's blocks all sit at the latent's grid
+    found = attention_levels(model)
+    levels = found or [1]  # a transformer's blocks all sit at the latent's grid
+    if getattr(model, "down_blocks", None) and not found and not config.merge_crossattn:
+        # A UNet whose blocks all attend to the text only (`only_cross_attention`): no self-attention to merge.
+        warnings.warn(
+            f"ToMe merges no attention on {name}: none of its blocks attends over the image tokens (each attends "
+            "to the text only, only_cross_attention). merge_crossattn=True merges their queries.",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
     if config.level_ratios is not None and not any(config.level_ratio(level, 1) > 0 for level in levels):
         warnings.warn(
             f"ToMe with level_ratios={dict(config.level_ratios)} merges nothing on {name}: its attention sits at "

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from diffusers.models.attention import BasicTransformerBlock
 from diffusers.models.transformers.transformer_2d import Transformer2DModel
+from diffusers.models.transformers.transformer_temporal import TransformerSpatioTemporalModel
 
 from ..arguments import argument
 from .base import AttentionSite, BlockSite, Family, is_mergeable_attention, max_downsample_for_levels
@@ -25,12 +26,61 @@ def spatial_transformer_blocks(model: torch.nn.Module) -> list[BasicTransformerB
     return blocks
 
 
+def _level_parts(model: torch.nn.Module) -> list[tuple[torch.nn.Module, int]]:
+    """Each part of a UNet's module tree with the downsample level its tokens sit at: `down_blocks[i]` 2**i, the
+    mid block the deepest, `up_blocks[j]` mirrored. Every UNet diffusers builds keeps its levels there, whatever
+    each block calls its attention (`attentions`, ControlNet-XS's `base_attentions` / `ctrl_attentions`)."""
+    down = list(getattr(model, "down_blocks", None) or ())
+    up = list(getattr(model, "up_blocks", None) or ())
+    parts = [(block, 2**i) for i, block in enumerate(down)]
+    mid = getattr(model, "mid_block", None)
+    if mid is not None and down:
+        parts.append((mid, 2 ** (len(down) - 1)))
+    parts += [(block, 2 ** (len(up) - 1 - j)) for j, block in enumerate(up)]
+    return parts
+
+
+def block_levels(model: torch.nn.Module, blocks: list[torch.nn.Module]) -> list[int]:
+    """The downsample level of each of `blocks`, from where it sits in `model` (`_level_parts`); 1 for a block
+    found in none of its parts."""
+    level_of = {id(module): level for part, level in _level_parts(model) for module in part.modules()}
+    return [level_of.get(id(block), 1) for block in blocks]
+
+
+def _spatial_self_attention_blocks(model: torch.nn.Module) -> list[BasicTransformerBlock]:
+    """The spatial blocks (one frame's tokens) whose first attention attends over the image tokens themselves:
+    blocks built with `only_cross_attention` attend to the text twice and merge nothing by default."""
+    blocks = [
+        block
+        for module in model.modules()
+        if isinstance(module, (Transformer2DModel, TransformerSpatioTemporalModel))
+        for block in module.transformer_blocks
+        if isinstance(block, BasicTransformerBlock)
+    ]
+    return [b for b in blocks if not b.only_cross_attention and is_mergeable_attention(b.attn1)]
+
+
 def attention_levels(model: torch.nn.Module) -> list[int]:
-    """Downsample factors of the UNet levels whose down block has attention (e.g. [1, 2, 4] on SD1.5)."""
-    down_blocks = getattr(model, "down_blocks", None)
-    if down_blocks is None:
+    """The downsample levels of a UNet that hold self-attention over image tokens, in order (SD1.5: [1, 2, 4, 8],
+    its mid block at 8; the x4 upscaler's tiny test UNet: [4], its level 2 attending to the text only); [] for a
+    model without UNet levels (a diffusion transformer).
+
+    Levels come from where the blocks sit (`_level_parts`), not from the names blocks give their attention, so
+    ControlNet-XS's UNet (`base_attentions`) is read as any other.
+
+    Example:
+        >>> from diffusers import UNet2DConditionModel
+        >>> unet = UNet2DConditionModel(
+        ...     block_out_channels=(8, 16), norm_num_groups=8, cross_attention_dim=8, attention_head_dim=2,
+        ...     down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        ...     up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        ... )
+        >>> attention_levels(unet)
+        [2]
+    """
+    if not getattr(model, "down_blocks", None):
         return []
-    return [2**i for i, block in enumerate(down_blocks) if len(getattr(block, "attentions", None) or []) > 0]
+    return sorted(set(block_levels(model, _spatial_self_attention_blocks(model))))
 
 
 class UNetFamily(Family):
@@ -77,19 +127,11 @@ class UNetFamily(Family):
         return sites
 
     def block_levels(self, model: torch.nn.Module, blocks: list[torch.nn.Module]) -> list[int]:
-        """Each block's downsample level, from where it sits: `down_blocks[i]` 2**i, the mid block the deepest,
-        `up_blocks[j]` mirrored; a block found in none of them, 1."""
-        down = list(getattr(model, "down_blocks", None) or ())
-        up = list(getattr(model, "up_blocks", None) or ())
-        parts = [(block, 2**i) for i, block in enumerate(down)]
-        mid = getattr(model, "mid_block", None)
-        if mid is not None and down:
-            parts.append((mid, 2 ** (len(down) - 1)))
-        parts += [(block, 2 ** (len(up) - 1 - j)) for j, block in enumerate(up)]
-        level_of = {id(module): level for part, level in parts for module in part.modules()}
-        return [level_of.get(id(block), 1) for block in blocks]
+        """Each block's downsample level, from where it sits (`block_levels`)."""
+        return block_levels(model, blocks)
 
     def auto_downsample(self, model: torch.nn.Module) -> int:
+        """The first level with self-attention over image tokens (`attention_levels`)."""
         levels = attention_levels(model)
         return min(levels) if levels else 1
 
