@@ -145,6 +145,9 @@ class _BuiltProcessors:
     def set(self, module: torch.nn.Module, processor: Any) -> None:
         self._processors[module] = processor
 
+    def values(self) -> list[Any]:
+        return list(self._processors.values())
+
     def __reduce__(self) -> tuple:  # pickling or deep-copying a processor must not copy modules
         return (_BuiltProcessors, ())
 
@@ -196,7 +199,10 @@ class ToMeProcessor:
     so `isinstance(p, IPAdapterAttnProcessor2_0)` holds where it wraps one (diffusers' checks pass), while
     `isinstance(p, ToMeProcessor)` holds too (`type(p)` is a subclass of `ToMeProcessor` per signature of the
     inner processor's `__call__`, which its own `__call__` shows); attributes it lacks are the
-    inner processor's. So an attention module holds it exactly as it would hold the inner processor: a plain
+    inner processor's, read and written (`pipe.set_ip_adapter_scale` writes `processor.scale`, and the
+    inner processor's scale changes; `del` too). Without an inner processor such a write stays on this
+    one and goes on to every processor it builds. So an attention module holds it exactly as it would
+    hold the inner processor: a plain
     attribute around a processor without weights (`attn.processor = ...` replaces it, as PAG pipelines do),
     a registered submodule around one with weights (IP-Adapter), whose weights keep their names in
     `state_dict()` and move with `.to()`. It has no weights of its own.
@@ -281,7 +287,7 @@ class ToMeProcessor:
         # attributes of the processor; without an inner processor yet, none is set (`built_inner` hands on
         # what is set meanwhile).
         inner = self._inner_processor()
-        if name in _FORWARDED:
+        if name in _READ_AS_NONE:
             return getattr(inner, name) if inner is not None else None
         # Everything else is the inner processor's: its weights (`p.to_k_ip`) and, where it is an `nn.Module`
         # and so registered on the attention module, what torch calls on a submodule (`_apply` for `.to()`,
@@ -291,11 +297,27 @@ class ToMeProcessor:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # ... and set them (`processor._attention_backend = backend`): that must reach the inner one.
-        if name in _FORWARDED and hasattr(self._inner_processor(), name):
-            setattr(self._inner_processor(), name, value)
+        # Writes go where reads come from, as with `wrapt.ObjectProxy`: this processor's own names here, every
+        # other one to the inner processor (`set_ip_adapter_scale` writes `processor.scale`, diffusers'
+        # `set_attention_backend` `processor._attention_backend`), which is what runs.
+        if _is_own(type(self), name):
+            object.__setattr__(self, name, value)
             return
+        inner = self._inner_processor()
+        if inner is not None:
+            setattr(inner, name, value)
+            return
+        # Without an inner processor: kept here, and handed to every processor this one builds (`built_inner`).
         object.__setattr__(self, name, value)
+        for built in self._built.values():
+            setattr(built, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        inner = self._inner_processor()
+        if _is_own(type(self), name) or inner is None:
+            object.__delattr__(self, name)
+        else:
+            delattr(inner, name)
 
     def _inner_processor(self) -> Any:
         return self.__dict__.get("inner")
@@ -319,9 +341,9 @@ class ToMeProcessor:
         if processor_class is None:
             raise missing_inner_error(attn)
         inner = processor_class()
-        for name in _FORWARDED:  # `set_attention_backend` called before this module's first call
-            if name in self.__dict__ and hasattr(inner, name):
-                setattr(inner, name, self.__dict__[name])
+        for name, value in self.__dict__.items():  # written before this module's first call (`__setattr__`)
+            if not _is_own(type(self), name):
+                setattr(inner, name, value)
         return inner
 
     def forward(self, attn: torch.nn.Module, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -443,8 +465,17 @@ class ToMeProcessor:
         return pool_tokens(hidden_states, grid.h, grid.w, slot.block.pays(config, grid.downsample), config.kv_pool)
 
 
-#: Attributes that diffusers reads and sets on processors, kept on the inner processor.
-_FORWARDED = frozenset({"_attention_backend", "_parallel_config"})
+#: Attributes diffusers reads from processors that read as None on a `ToMeProcessor()` without an inner one.
+_READ_AS_NONE = frozenset({"_attention_backend", "_parallel_config"})
+#: A `ToMeProcessor`'s own attributes: writes of any other name reach the inner processor (`__setattr__`).
+#: An attribute added to the class must be listed here or start with `_tome_`.
+_OWN = frozenset({"config", "inner", "_takes_model_config", "_passed_through", "_built", "_sdpa"})
+
+
+def _is_own(cls: type, name: str) -> bool:
+    """Whether `name` is a `ToMeProcessor`'s own attribute, written on it rather than on its inner processor:
+    the listed names, any `_tome_` name, and the names its class defines (`__class__`, methods)."""
+    return name in _OWN or name.startswith("_tome_") or hasattr(cls, name)
 
 
 def _union_signature(processors: list[type]) -> inspect.Signature:
