@@ -13,11 +13,16 @@ from .families import family_of
 from .hooks import context_of
 from .pays import decide, group_of, predicted_speedup, site_shapes, site_tokens
 
-#: Pixels per token side where it is not 8 (a UNet's latent): the transformers' VAE (8 or 16) times their patch
-#: or packing (2, or 1 on a 16x VAE), LTX-Video's and LTX-2's 32x VAE.
-_PIXELS_PER_TOKEN = {"unet": 8, "svd": 8, "ltx": 32, "ltx2": 32}
-#: Pixel frames per latent frame of the video families (the VAE's stride in time).
+#: Pixels per latent pixel of the VAE a family's released pipelines use, where it is not 8: a bare model's, as
+#: a pipeline's own `vae_scale_factor` (or its spatial one) says it for the pipeline.
+_VAE_FACTOR = {"ltx": 32, "ltx2": 32, "hunyuanvideo15": 16}
+#: The families whose pipelines pack 2 x 2 latent pixels into one token (their models' `patch_size` is 1).
+_PACKED = frozenset({"flux", "chroma", "flux2", "qwenimage", "zimage"})
+#: Pixel frames per latent frame of the video families (the VAE's stride in time), as for `_VAE_FACTOR`.
 _FRAMES_PER_LATENT = {"wan": 4, "hunyuanvideo": 4, "hunyuanvideo15": 4, "ltx": 8, "ltx2": 8}
+#: A pipeline's attributes for the VAE's factor in space and in time, in the order they are read.
+_PIPELINE_SPATIAL = ("vae_scale_factor_spatial", "vae_spatial_compression_ratio", "vae_scale_factor")
+_PIPELINE_TEMPORAL = ("vae_scale_factor_temporal", "vae_temporal_compression_ratio")
 
 
 @dataclass(frozen=True)
@@ -66,10 +71,16 @@ def explain_tome(
     num_frames: int | None = None,
     config: ToMeConfig | None = None,
     preset: Preset | None = None,
+    vae_scale_factor: int | None = None,
     print_table: bool = True,
 ) -> list[SiteExplanation]:
     """Print and return, per merge site, what ToMe does at `height x width` pixels: tokens, whether it merges and
     why, and the speed-up the measured figures predict.
+
+    The token grid is the image over the VAE's factor (a pipeline's `vae_scale_factor`; for a bare model
+    `vae_scale_factor`, else the factor of the family's released VAE: 8, 16 on HunyuanVideo 1.5, 32 on LTX), then
+    over the model's patch (`config.patch_size`; 2 on the families whose pipelines pack latents: FLUX, Chroma,
+    Qwen-Image, Z-Image).
 
     Nothing runs and nothing changes: the verdicts come from shapes and the device type alone, as with
     `pays_only=True` (every preset) at the first forward of that size. The setting explained is `config`, else
@@ -83,6 +94,7 @@ def explain_tome(
         device_type: `"cuda"`, `"cpu"`, ...; default the model's parameters' device type.
         num_frames: a video model's pixel frames (default 1).
         config / preset: the setting to explain (at most one).
+        vae_scale_factor: pixels per latent pixel; default the pipeline's, or for a bare model the family's.
         print_table: print the rows as a table.
 
     Example:
@@ -104,15 +116,56 @@ def explain_tome(
         raise ValueError(f"Expected preset to be one of {list(PRESETS)} or None, but got {preset!r}.")
     if device_type is not None and not isinstance(device_type, str):
         raise TypeError(f"Expected device_type to be a str such as 'cuda' or None, but got {device_type!r}.")
+    if vae_scale_factor is not None and not (
+        isinstance(vae_scale_factor, int) and not isinstance(vae_scale_factor, bool) and vae_scale_factor > 0
+    ):
+        raise ValueError(f"Expected vae_scale_factor to be a positive int or None, but got {vae_scale_factor!r}.")
     models = target_models(model_or_pipeline)
     if not models:
         raise ValueError(f"Expected a pipeline or a supported model, but got {type(model_or_pipeline).__name__}.")
+    pipe = None if isinstance(model_or_pipeline, torch.nn.Module) else model_or_pipeline
+    spatial = vae_scale_factor or _pipeline_factor(pipe, _PIPELINE_SPATIAL)
+    temporal = _pipeline_factor(pipe, _PIPELINE_TEMPORAL)
+    scale = _Scale(spatial, temporal)
     rows: list[SiteExplanation] = []
     for model in models:
-        rows += _explain_model(model, height, width, batch, device_type, num_frames, config, preset)
+        rows += _explain_model(model, height, width, batch, device_type, num_frames, config, preset, scale)
     if print_table:
         print(explanation_table(rows))
     return rows
+
+
+@dataclass(frozen=True)
+class _Scale:
+    """The VAE's factors a pipeline (or the caller) gives: pixels per latent pixel, pixel frames per latent
+    frame; None where the family's usual one applies."""
+
+    spatial: int | None
+    temporal: int | None
+
+
+def _pipeline_factor(pipe: Any, names: tuple[str, ...]) -> int | None:
+    """The first of `names` that `pipe` holds as a positive int (its VAE's factor), else None."""
+    for name in names:
+        value = getattr(pipe, name, None) if pipe is not None else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def pixels_per_token(model: torch.nn.Module, family_name: str, vae_factor: int | None = None) -> int:
+    """Pixels per token side of `model`: the VAE's factor (`vae_factor`, else the family's usual one) times
+    the latent pixels per token (the model's `config.patch_size`, 2 where the pipeline packs latents).
+
+    Example:
+        >>> from diffusers import UNet2DConditionModel
+        >>> pixels_per_token(UNet2DConditionModel(block_out_channels=(32, 64), norm_num_groups=8), "unet", 2)
+        2
+    """
+    patch: Any = 2 if family_name in _PACKED else getattr(model.config, "patch_size", 1)
+    if isinstance(patch, (tuple, list)):  # Wan's (frames, height, width)
+        patch = patch[-1]
+    return (vae_factor or _VAE_FACTOR.get(family_name, 8)) * int(patch or 1)
 
 
 def _settings(model: torch.nn.Module, config: ToMeConfig | None, preset: str | None) -> list[tuple[str, ToMeConfig]]:
@@ -135,14 +188,16 @@ def _explain_model(
     num_frames: int | None,
     config: ToMeConfig | None,
     preset: str | None,
+    scale: _Scale,
 ) -> list[SiteExplanation]:
     family = family_of(model)
     device_type = device_type or next((p.device.type for p in model.parameters()), "cpu")
-    stride = _PIXELS_PER_TOKEN.get(family.name, 16)
+    stride = pixels_per_token(model, family.name, scale.spatial)
     grid = (max(height // stride, 1), max(width // stride, 1))
     frames = 1
     if family.video:
-        frames = 1 + (max(num_frames or 1, 1) - 1) // _FRAMES_PER_LATENT.get(family.name, 4)
+        stride_t = scale.temporal or _FRAMES_PER_LATENT.get(family.name, 4)
+        frames = 1 + (max(num_frames or 1, 1) - 1) // stride_t
     shapes = site_shapes(model, family, family.blocks(model))
     group = group_of(family.name)
     auto = family.auto_downsample(model)
