@@ -40,7 +40,16 @@ from .methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, pick_method
 from .models import BenchModel, build_model
 from .profiling import save_profile_report
 from .quality import TRAINED_COLUMNS, bench_denoiser, trained_quality_metrics
-from .report import json_safe, markdown_table, meta_lines, save_grid, save_json, save_plot
+from .report import idle_reason, json_safe, markdown_table, meta_lines, save_grid, save_json, save_plot
+from .stacking import (
+    STACKS,
+    generations_in_run,
+    missing_stack,
+    pick_steps,
+    stack_methods,
+    stacking_summary,
+    stacking_table,
+)
 from .train_bench import CHECKPOINTING, GRADIENT_CHANGE, train_rows, training_meta
 from .unet import ARCHITECTURES, UNetProxy, default_proxy
 
@@ -79,6 +88,10 @@ class BenchRequest:
         grid_path: with `pipeline`, where to save the image grid.
         text_encoders: with `pipeline` and no `model`: `"full"` or `"small"` (None: full).
         cache: with `pipeline`, one of diffusers' step caches (`caches.CACHES`), timed alone and with each preset.
+        stack: with `pipeline` on a UNet pipeline, an accelerator (`stacking.STACKS`: DeepCache) timed alone and with
+            each preset; its rows are skipped, with a printed note, where its package is not installed.
+        stack_budget_seconds: with `stack`, pick the step count so that the run fits this long
+            (`stacking.pick_steps`; None: `steps` as given). stack_picked: what the pick rested on (set by `run_bench`).
         decode: with `pipeline`, False stops every generation at its latents (no VAE decode, no image grid).
         prompt, steps, guidance_scale: with `pipeline`, each generation's.
         frames: a video architecture's clip: pixel frames (wan, wan-i2v, ...) or frames per clip (svd); None: the
@@ -123,6 +136,9 @@ class BenchRequest:
     grid_path: str = "tome-bench-grid.png"
     text_encoders: str | None = None
     cache: str | None = None
+    stack: str | None = None
+    stack_budget_seconds: float | None = None
+    stack_picked: str | None = None
     decode: bool = True
     prompt: str = DEFAULT_PROMPT
     steps: int = 20
@@ -220,12 +236,43 @@ def run_bench(request: BenchRequest) -> int:
         compile=request.compile,
         compile_backend=request.compile_backend,
     )
+    if request.stack is not None:
+        request, methods = _stack(request, bench, methods, settings, started)
     prepared = _Prepared(bench, methods, settings, device, dtype, started)
     if request.train:
         return _run_training(request, prepared)
     if request.hires:
         return _run_hires(request, prepared)
     return _run_pipeline(request, prepared) if request.pipeline else _run_forwards(request, prepared)
+
+
+def _stack(
+    request: BenchRequest, bench: BenchModel, methods: list[Method], settings: BenchSettings, started: float
+) -> tuple[BenchRequest, list[Method]]:
+    """`stack`: the accelerator's rows (or a printed note where it is not installed), and the step count picked."""
+    if not request.pipeline or request.hires:
+        raise ValueError(f"Expected stack={request.stack!r} with pipeline=True and without hires, but got {request}.")
+    missing = missing_stack(request.stack)
+    if missing is not None:  # an optional dependency: the other rows still run
+        print(f"note: {missing}; the {STACKS[request.stack].label} rows are skipped.")
+    else:
+        presets = [m for m in methods if m.family in {f"ours {preset}" for preset in request.presets}]
+        methods = methods + stack_methods(request.stack, bench.pipe, presets)
+    if request.stack_budget_seconds is not None:
+        pick = pick_steps(
+            bench.pipe,
+            request.prompt,
+            request.guidance_scale,
+            bench.resolution,
+            request.seed,
+            generations_in_run(len(methods), settings),
+            request.stack_budget_seconds,
+            elapsed_seconds=time.perf_counter() - started,
+            call_kwargs=bench.call_kwargs,
+        )
+        print(f"steps picked: {pick.describe()}; image size {bench.resolution} px (the model's)", flush=True)
+        request = dataclasses.replace(request, steps=pick.steps, stack_picked=pick.describe())
+    return request, methods
 
 
 def _check_training(request: BenchRequest) -> None:
@@ -346,7 +393,16 @@ def _run_forwards(request: BenchRequest, run: _Prepared) -> int:
     # a generation's steps); forwards of a few milliseconds (tiny models, small sizes on a GPU) are timed in runs.
     steady = dataclasses.replace(settings, keep_applied=True, min_run_seconds=MIN_RUN_SECONDS)
     rows = run_benchmark(bench.model, methods, bench.forward, steady, extra_metrics=extra_metrics)
+    forced = TRAINED_COLUMNS[denoiser] if trained else ()
+    for row in rows:  # measured in its forwards (the engine counts the tokens): say why it merged nothing
+        if row.merges is False:
+            row.idle = idle_reason(row, device.type, forced)
     meta = {**_meta(request, device, dtype, bench, started), "forwards_per_run": rows[0].forwards_per_run}
+    if trained:
+        meta["trained_columns"] = (
+            f"{', '.join(forced)}: the trained {denoiser} with each row's method, merging wherever it selects "
+            "(the pays rule off), not the forwards timed here"
+        )
 
     if bench.proxy is not None:
         print(f"{PROXY_HEADER}: {meta['proxy']}\n")
@@ -436,9 +492,15 @@ def _run_pipeline(request: BenchRequest, run: _Prepared) -> int:
         meta.update(output="video", frames=clip["num_frames"], height=clip["height"], width=clip["width"])
     if not request.decode:
         meta.update(output="latents (no VAE decode: not in the time per image; image change of the latents)")
+    summary = stacking_summary(generations.rows, STACKS[request.stack].label) if request.stack is not None else []
+    if request.stack is not None:
+        meta.update(stack=STACKS[request.stack].help, steps_picked=request.stack_picked, stacking=summary)
     print(generation_table(generations.rows, unit))
+    if summary:
+        print()
+        print(stacking_table(summary))
     print()
-    print(meta_lines({key: value for key, value in meta.items() if key != "components"}))
+    print(meta_lines({key: value for key, value in meta.items() if key not in ("components", "stacking")}))
     print("- components:")
     print("\n".join(f"  - {name}: {what}" for name, what in bench.components.items()))
     if request.json_path:

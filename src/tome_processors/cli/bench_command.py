@@ -20,6 +20,7 @@ Example:
     $ tome-processors bench --train --resolution 768 --layers 1 --presets balanced   # LoRA training steps
     $ tome-processors bench --arch sd15 --resolution 1024 --batch 1   # on a CPU: a proxy of the first 2 levels
     $ tome-processors bench --pipeline --hires --steps 4 --no-decode  # 512 px, upscale, ToMe'd img2img at 1024
+    $ tome-processors bench --pipeline --stack deepcache   # DeepCache alone, ToMe balanced alone, both
 
 With `--pipeline` it times whole generations instead (text encoder, every denoising step, VAE decode) on the
 architecture's pipeline with random weights, or on `--model`'s: seconds per image (per video with `--arch
@@ -44,6 +45,7 @@ from ..bench.image_to_video import missing_requirements
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES
 from ..bench.pipelines import TEXT_ENCODER_SIZES
 from ..bench.run import TRAIN_ARCHITECTURES, UNET_ARCHITECTURES, BenchRequest, run_bench
+from ..bench.stacking import STACK_BUDGET_SECONDS, STACKS
 from ..bench.train_bench import CHECKPOINTING
 from ..bench.unet import ARCHITECTURES as UNET_CONFIGS
 from ..bench.video_pipelines import CLIP_MULTIPLES
@@ -241,6 +243,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fixed schedule, so it acts on random weights too",
     )
     gen.add_argument(
+        "--stack",
+        choices=sorted(STACKS),
+        default=None,
+        help="also time this accelerator alone and with each preset row, and the pair's speed-up against the product "
+        "of the two alone (sd15, sd2, sdxl or a --model UNet pipeline; deepcache: DeepCache, cache interval 3). "
+        f"Default rows then: the baseline and balanced; without --steps, the step count is picked so that the run "
+        f"takes at most {STACK_BUDGET_SECONDS // 60} minutes, and printed",
+    )
+    gen.add_argument(
         "--no-decode",
         dest="decode",
         action="store_false",
@@ -260,7 +271,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--hires: the second pass's denoising strength (it runs int(steps * strength) steps)",
     )
     gen.add_argument("--prompt", default=BenchRequest.prompt)
-    gen.add_argument("--steps", type=int, default=BenchRequest.steps, help="denoising steps per generation")
+    gen.add_argument(
+        "--steps", type=int, default=None, help=f"denoising steps per generation (default {BenchRequest.steps})"
+    )
     gen.add_argument("--guidance-scale", type=float, default=BenchRequest.guidance_scale)
     gen.add_argument("--grid", default=BenchRequest.grid_path, metavar="PATH", help="where to save the image grid")
 
@@ -271,8 +284,12 @@ def _resolve_defaults(args: argparse.Namespace) -> None:
         args.ratios = list(FULL_RATIOS if args.full else DEFAULT_RATIOS)
     if args.modes is None:
         args.modes = list(MODES if args.full else DEFAULT_MODES)
-    if args.presets is None:
-        args.presets = list(DEFAULT_PRESETS)
+    if args.presets is None:  # --stack compares one preset alone and with the accelerator
+        args.presets = ["balanced"] if args.stack is not None else list(DEFAULT_PRESETS)
+    # --stack without --steps: the run picks the step count that fits its time budget.
+    args.pick_steps = args.stack is not None and args.steps is None
+    if args.steps is None:
+        args.steps = BenchRequest.steps
     if args.rounds is None:
         args.rounds = 5 if args.full else 3
     if args.batch is None and not args.pipeline:
@@ -417,6 +434,12 @@ def _check_hires(args: argparse.Namespace, fail: Any) -> None:
 
 def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
     """The combinations `--pipeline` cannot run."""
+    if args.stack is not None:
+        if not args.pipeline or args.hires:
+            given = "--hires" if args.hires else "no --pipeline"
+            fail(f"Expected --stack with --pipeline and without --hires (it times whole generations), but got {given}.")
+        if args.model is None and (args.arch or "sd15") not in UNET_ARCHITECTURES:
+            fail(f"Expected --stack with a UNet pipeline (--arch sd15, sd2, sdxl; --model), but got --arch {args.arch}")
     if not args.pipeline:
         if args.text_encoders is not None:
             fail("Expected --text-encoders only with --pipeline, but got it without.")
@@ -479,7 +502,7 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         ratios=tuple(args.ratios),
         modes=tuple(m for m in args.modes if m != "none"),
         presets=tuple(p for p in args.presets if p != "none"),
-        with_tomesd=not args.no_tomesd,
+        with_tomesd=not args.no_tomesd and args.stack is None,  # --stack: its rows and ToMe's, not tomesd's
         rounds=args.rounds,
         warmup=args.warmup,
         measure_memory=not args.no_memory,
@@ -496,6 +519,8 @@ def _request(args: argparse.Namespace) -> BenchRequest:
         text_encoders=args.text_encoders,
         decode=args.decode,
         cache=args.cache,
+        stack=args.stack,
+        stack_budget_seconds=STACK_BUDGET_SECONDS if args.pick_steps else None,
         prompt=args.prompt,
         steps=args.steps,
         guidance_scale=args.guidance_scale,
