@@ -59,6 +59,7 @@ def pipe(tmp_path_factory):
 
 
 @pytest.mark.parametrize("preset", ["exact", "balanced", "fast"])
+@pytest.mark.pays_rule  # the real table, as users run it
 def test_explain_on_a_factor_2_pipeline_says_what_the_forward_does(pipe, preset):
     rows = {row.level: row for row in explain_tome(pipe, SIZE, SIZE, batch=2, preset=preset, print_table=False)}
     for level, counts in forward_tokens(pipe, preset).items():
