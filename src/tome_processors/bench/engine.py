@@ -13,7 +13,10 @@ inputs, in one process:
    `baseline_every` methods and at the end, so that each method sits between two baseline runs.
    Right after its forward, a method's merge work alone (`Method.overhead`) is timed on the
    recorded block inputs.
-4. Inspection: one more forward per method, untimed, right after its first warm-up forward (after the
+4. Merging: the method's first forward (compiled: one eager forward of its copy) counts the tokens through the
+   model's linear layers, so a row that merges or pools nothing in these forwards (its count is the baseline's)
+   says so (`Row.merges`).
+5. Inspection: one more forward per method, untimed, right after its first warm-up forward (after the
    rounds when compiled): its peak memory (the CUDA allocator's peak, or on CPU the peak resident set
    sampled by a background thread) and its host cost (`hostcost.py`: aten ops, host-sync ops, and on
    CUDA kernels and host syncs).
@@ -69,6 +72,7 @@ __all__ = [
     "Method",
     "Recording",
     "Row",
+    "count_linear_tokens",
     "record_block_inputs",
     "relative_error",
     "run_benchmark",
@@ -185,6 +189,12 @@ class Row:
         inner_seconds, inner_speedup, inner_times: the same as `seconds`, `speedup` and `times` for the
             second measure of each timed run (`run_benchmark`'s `inner_seconds`), paired the same way;
             None and empty without one.
+        linear_tokens: tokens (rows) the model's linear layers got in one forward with the method on, counted
+            in its first forward: merging or pooling anywhere sends fewer than the baseline does.
+        merges: whether the method merged or pooled anything in these forwards (`linear_tokens` below the
+            baseline's); None for the baseline and where nothing was counted.
+        idle: why a row that merges nothing in these forwards (`merges` False) merges nothing, as the report
+            says it; set by the report's caller (None elsewhere).
         extra: further metrics from `extra_metrics(method)` (empty unless given).
         settings: from the `Method`.
         profile: with `BenchSettings.profile`, one forward's time by op; else None.
@@ -216,6 +226,9 @@ class Row:
     forwards_per_run: int = 1
     speedup_min: float | None = None
     speedup_max: float | None = None
+    linear_tokens: int | None = None
+    merges: bool | None = None
+    idle: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     profile: ForwardProfile | None = None
@@ -336,6 +349,33 @@ def record_block_inputs(model: torch.nn.Module, forward: Callable[[], Any]) -> R
             handle.remove()
     latent_hw, timestep = forward_args[-1] if forward_args else (None, None)
     return Recording(out, latent_hw, timestep, seen, family is not None and family.needs_row_token)
+
+
+def count_linear_tokens(model: torch.nn.Module, run: Callable[[], Any]) -> tuple[Any, int]:
+    """`run()`'s output and the tokens (rows: every dimension but the last) that `model`'s linear layers got in it.
+
+    A method that merges tokens or pools keys and values anywhere sends fewer through the projections than the
+    model without it does: the count tells from a real forward whether a method merged at all.
+
+    Example:
+        >>> layer = torch.nn.Linear(4, 2)
+        >>> count_linear_tokens(layer, lambda: layer(torch.ones(3, 5, 4)))[1]
+        15
+    """
+    total = 0
+
+    def count(module: torch.nn.Module, args: tuple) -> None:
+        nonlocal total
+        if args and isinstance(args[0], torch.Tensor) and args[0].ndim > 0:
+            total += args[0].numel() // max(args[0].shape[-1], 1)
+
+    handles = [m.register_forward_pre_hook(count) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        out = run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return out, total
 
 
 def _bind_index(hook: Callable[[int, tuple, dict], None], index: int) -> Callable[..., None]:
@@ -510,6 +550,15 @@ class _Models:
             raise
 
     @contextmanager
+    def eager(self, i: int) -> Iterator[torch.nn.Module]:
+        """The model with method `i` on, not compiled (its copy, or the model it goes on and off)."""
+        if self._copies:
+            yield self._copies[i]
+            return
+        with self.use(i) as model:
+            yield model
+
+    @contextmanager
     def use(self, i: int) -> Iterator[torch.nn.Module]:
         if self.applied:  # compiled copies, or eager ones with `keep_applied`
             yield self.applied[i]
@@ -633,6 +682,7 @@ class _Measured:
     memory: list[tuple[float | None, float | None]]
     host: list[HostCost | None]
     profiles: list[ForwardProfile | None]
+    linear_tokens: list[int | None]
     forwards_per_run: int = 1
 
 
@@ -661,6 +711,7 @@ def _measure(
         memory=[(None, None)] * n,
         host=[None] * n,
         profiles=[None] * n,
+        linear_tokens=[None] * n,
     )
 
     def record_error(i: int, out: torch.Tensor) -> None:
@@ -709,11 +760,14 @@ def _measure(
     for round_index, order in enumerate(schedules[:warmups]):
         bar.set_description(f"warm-up {round_index + 1}")
         for i in order:
-            if round_index == 0 and inspect_in_warmup:
+            if round_index == 0 and not compiled:  # the first forward: its error and its tokens
                 with models.use(i) as current:
-                    record_error(i, forward(current))
+                    out, m.linear_tokens[i] = count_linear_tokens(current, lambda current=current: forward(current))
+                    record_error(i, out)
+                    del out
                     bar.update(1)
-                    inspect(i, current)
+                    if inspect_in_warmup:
+                        inspect(i, current)
             else:
                 run(i, in_round=False)
     # Compiled: warm up again until a whole round compiles nothing (guards settling), within the limit.
@@ -755,6 +809,13 @@ def _measure(
             bar.set_description(f"inspection: {method.name}")
             with models.use(i) as current:
                 inspect(i, current)
+    if compiled:  # hooks in a compiled graph would recompile it: one eager forward of each method's copy
+        bar.total += n
+        for i, method in enumerate(methods):
+            bar.set_description(f"tokens: {method.name}")
+            with models.eager(i) as current:
+                m.linear_tokens[i] = count_linear_tokens(current, lambda current=current: forward(current))[1]
+            bar.update(1)
     return m
 
 
@@ -787,6 +848,8 @@ def _row(method: Method, m: _Measured, i: int, extra: dict[str, Any]) -> Row:
     shares = [o / b for o, b in zip(m.overhead_times[i], m.paired_base[i], strict=False)]
     host = m.host[i]
     seconds = statistics.median(m.times[i])
+    tokens, baseline_tokens = m.linear_tokens[i], m.linear_tokens[0]
+    merges = None if i == 0 or tokens is None or baseline_tokens is None else tokens < baseline_tokens
     if i == 0:  # the baseline, paired with itself
         speedup, pair_seconds, pair_base = 1.0, seconds, seconds
     else:
@@ -818,6 +881,8 @@ def _row(method: Method, m: _Measured, i: int, extra: dict[str, Any]) -> Row:
         pair_baseline_seconds=pair_base,
         speedup_min=None if i == 0 else min(speedups),
         speedup_max=None if i == 0 else max(speedups),
+        linear_tokens=tokens,
+        merges=merges,
         extra=extra,
         settings=dict(method.settings),
         profile=m.profiles[i],

@@ -22,7 +22,20 @@ from PIL import Image, ImageDraw
 
 from .engine import Row
 
-__all__ = ["format_number", "json_safe", "markdown_table", "meta_lines", "save_grid", "save_json", "save_plot"]
+__all__ = [
+    "IDLE_MARK",
+    "format_number",
+    "idle_reason",
+    "json_safe",
+    "markdown_table",
+    "meta_lines",
+    "save_grid",
+    "save_json",
+    "save_plot",
+]
+
+#: Beside the name of a row that merges nothing in its forwards (`Row.merges` False); a footnote says why.
+IDLE_MARK = "*"
 
 #: `s/forward`, `baseline s/forward` and `speed-up` come from one round (the one whose paired ratio is the median),
 #: so the speed-up is the ratio of the two times shown; `speed-up min-max` spans the ratios of every round.
@@ -88,6 +101,9 @@ def markdown_table(rows: Sequence[Row], unit: str = "forward", error: str = "err
         ...     print(line)
         | baseline | - | 1.500 | 1.500 | 1.00x | - | 0.00 | - | - |
         | ours | 0.5 | 1.200 | 1.500 | 1.25x | 1.10-1.30x | 3.00 | - | - |
+
+    A row that merged nothing in its forwards (`Row.merges` False) is marked `IDLE_MARK`, and a footnote under the
+    table names it with why (`Row.idle`).
     """
     extra = [key for key in _extra_keys(rows) if key != error]
     host = [(title, key) for title, key in _HOST_COLUMNS if any(getattr(row, key) is not None for row in rows)]
@@ -97,7 +113,7 @@ def markdown_table(rows: Sequence[Row], unit: str = "forward", error: str = "err
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [
-            row.name,
+            f"{row.name} {IDLE_MARK}" if row.merges is False else row.name,
             format_number(row.ratio),
             f"{_or(row.pair_seconds, row.seconds):.3f}",
             f"{_or(row.pair_baseline_seconds, row.seconds):.3f}",
@@ -110,7 +126,47 @@ def markdown_table(rows: Sequence[Row], unit: str = "forward", error: str = "err
             *(format_number(row.extra.get(k)) for k in extra),
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + _idle_footnotes(rows))
+
+
+def _idle_footnotes(rows: Sequence[Row]) -> list[str]:
+    """A line per reason under the table: the rows that merged nothing, and why."""
+    reasons: dict[str, list[str]] = {}
+    for row in rows:
+        if row.merges is False:
+            reasons.setdefault(row.idle or _IDLE, []).append(row.name)
+    return [""] * bool(reasons) + [f"{IDLE_MARK} {', '.join(names)}: {why}" for why, names in reasons.items()]
+
+
+#: What every footnote of a row that merged nothing starts with: how the bench knows.
+_IDLE = "merges nothing in these forwards (the linear layers got as many tokens as in the baseline's)"
+
+
+def idle_reason(row: Row, device_type: str, forced_columns: Sequence[str] = ()) -> str:
+    """Why `row`, which merged nothing in its forwards, merged nothing, and what its columns then show.
+
+    `forced_columns`: the columns measured elsewhere with merging forced on (the trained-model ones).
+
+    Example:
+        >>> from tome_processors.bench.engine import Row
+        >>> row = Row("ours fast", "ours fast", None, 1.0, 1.0, 0.0, settings={"pays_only": True})
+        >>> idle_reason(row, "cpu").split(": ")[1][:56]
+        'the pays rule (pays_only=True, as in every preset) keeps'
+    """
+    if row.settings.get("pays_only"):
+        why = (
+            f"the pays rule (pays_only=True, as in every preset) keeps merging off at this size on {device_type}; "
+            "pays_only=False (the --ratios rows, apply_tome(..., pays_only=False)) merges wherever selected"
+        )
+    else:
+        why = "no site it selects is merged at this size"
+    line = f"{_IDLE}: {why}. Speed-up, error and host cost there are the unmerged model's"
+    if forced_columns:
+        line += (
+            f"; {', '.join(forced_columns)} there come from the trained model with merging forced on, not from "
+            "these forwards"
+        )
+    return line + "."
 
 
 def _or(value: float | None, default: float) -> float:
