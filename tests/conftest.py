@@ -45,6 +45,10 @@ SLOW_REPEATS: dict[str, str] = {
     ),
     # A feed-forward chunked by two samples: as by one.
     r"tests/test_chunked_feed_forward.py::test_merge_mlp_merges_a_feed_forward_chunked_over_the_batch\[2\]": "[1]",
+    # torchao's dynamic int8 quantization under ToMe: the same path as its weight-only int8 (a tensor subclass).
+    r"tests/test_stacking.py::test_tome_merges_on_a_quantized_unet\[torchao-int8-dynamic-.*\]": (
+        "[torchao-int8-weight-only-...]"
+    ),
     # Bench rows at the real width: PixArt's stays quick.
     r"tests/test_dit.py::test_bench_rows_for_transformer_architectures\[(?!pixart\]).*\]": "[pixart]",
 }

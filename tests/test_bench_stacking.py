@@ -87,14 +87,15 @@ def test_without_deepcache_its_rows_are_skipped_with_a_message(tmp_path, capsys,
     assert data["meta"]["stacking"] == []
 
 
-def test_without_steps_the_step_count_is_picked_and_printed(tmp_path, capsys):
+def test_without_steps_the_size_and_step_count_are_picked_and_printed(tmp_path, capsys):
     pytest.importorskip("DeepCache", reason="DeepCache is in the bench and test extras")
     data = run_cli(tmp_path, "--stack", "deepcache", "--no-memory", "--presets", "fast")
     out = capsys.readouterr().out
-    # The tiny pipeline takes milliseconds: the most steps the picker offers, the bench's default.
-    assert "steps picked: 20 steps: a plain generation took" in out and "which fits 15 min" in out
-    assert "image size 64 px" in out
-    assert data["meta"]["steps"] == 20 and data["meta"]["steps_picked"].startswith("20 steps")
+    # The tiny pipeline takes milliseconds: its own size and the most steps the picker offers (the default).
+    assert "size and steps picked: 64 px, 20 steps: a plain generation is costed at" in out
+    assert "which fits 15 min" in out
+    assert data["meta"]["steps"] == 20 and data["meta"]["steps_picked"].startswith("64 px, 20 steps")
+    assert data["meta"]["resolution"] == 64
     assert [row["name"] for row in data["rows"]][2:] == ["DeepCache", "DeepCache + ours fast"]
 
 

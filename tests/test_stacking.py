@@ -337,14 +337,7 @@ def quantized_alone(tmp_path_factory) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("tome_first", [False, True], ids=["quantized-first", "tome-first"])
-@pytest.mark.parametrize(
-    "name",
-    [
-        "torchao-int8-weight-only",
-        "quanto-qint8",
-        pytest.param("torchao-int8-dynamic", marks=pytest.mark.slow),  # the same path as weight-only
-    ],
-)
+@pytest.mark.parametrize("name", sorted(QUANTIZERS))  # torchao's dynamic int8: slow (tests/conftest.py)
 def test_tome_merges_on_a_quantized_unet(name, tome_first, quantized_alone, tmp_path):
     pipe = tiny_sd_pipeline(tmp_path)
     plain_linear = type(pipe.unet.get_submodule(MERGED).to_q.weight)

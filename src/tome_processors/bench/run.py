@@ -237,7 +237,7 @@ def run_bench(request: BenchRequest) -> int:
         compile_backend=request.compile_backend,
     )
     if request.stack is not None:
-        request, methods = _stack(request, bench, methods, settings, started)
+        request, bench, methods = _stack(request, bench, methods, settings, started)
     prepared = _Prepared(bench, methods, settings, device, dtype, started)
     if request.train:
         return _run_training(request, prepared)
@@ -248,8 +248,9 @@ def run_bench(request: BenchRequest) -> int:
 
 def _stack(
     request: BenchRequest, bench: BenchModel, methods: list[Method], settings: BenchSettings, started: float
-) -> tuple[BenchRequest, list[Method]]:
-    """`stack`: the accelerator's rows (or a printed note where it is not installed), and the step count picked."""
+) -> tuple[BenchRequest, BenchModel, list[Method]]:
+    """`stack`: the accelerator's rows (or a printed note where it is not installed), and the size and step count
+    picked."""
     if not request.pipeline or request.hires:
         raise ValueError(f"Expected stack={request.stack!r} with pipeline=True and without hires, but got {request}.")
     missing = missing_stack(request.stack)
@@ -270,9 +271,10 @@ def _stack(
             elapsed_seconds=time.perf_counter() - started,
             call_kwargs=bench.call_kwargs,
         )
-        print(f"steps picked: {pick.describe()}; image size {bench.resolution} px (the model's)", flush=True)
+        print(f"size and steps picked: {pick.describe()}", flush=True)
         request = dataclasses.replace(request, steps=pick.steps, stack_picked=pick.describe())
-    return request, methods
+        bench = dataclasses.replace(bench, resolution=pick.resolution)
+    return request, bench, methods
 
 
 def _check_training(request: BenchRequest) -> None:

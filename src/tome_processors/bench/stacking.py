@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ __all__ = [
     "StackPick",
     "generations_in_run",
     "missing_stack",
+    "PICK_SCALES",
+    "PICK_STEPS",
     "pick_steps",
     "stack_methods",
     "stacking_summary",
@@ -169,17 +172,20 @@ def generations_in_run(methods: int, settings: BenchSettings) -> int:
 
 @dataclass(frozen=True)
 class StackPick:
-    """The step count `pick_steps` chose and what it rests on.
+    """The image size and step count `pick_steps` chose, and what they rest on.
 
     Attributes:
+        resolution: image side in pixels.
         steps: denoising steps per generation.
-        fixed_seconds: one plain generation's time outside the denoiser (text encoders, VAE decode, scheduler).
-        step_seconds: one plain denoiser call.
+        fixed_seconds: one plain generation's time outside the denoiser (text encoders, VAE decode, scheduler) at
+            `resolution`, scaled from the timed one by the pixel count.
+        step_seconds: one plain denoiser call at `resolution`, scaled the same way.
         generations: generations in the run (`generations_in_run`).
-        estimate_seconds: the run's estimated time, every generation costed as a plain one, from the start.
+        estimate_seconds: the run's estimated time from the command's start, every generation costed as a plain one.
         budget_seconds: what it had to fit in.
     """
 
+    resolution: int
     steps: int
     fixed_seconds: float
     step_seconds: float
@@ -191,61 +197,71 @@ class StackPick:
         """One line for the report.
 
         Example:
-            >>> StackPick(12, 4.0, 2.0, 24, 800.0, 900.0).describe()[:60]
-            '12 steps: a plain generation took 4.0 s outside the denoiser'
+            >>> StackPick(384, 12, 4.0, 2.0, 24, 800.0, 900.0).describe()[:48]
+            '384 px, 12 steps: a plain generation is costed a'
         """
         fits = "fits" if self.estimate_seconds <= self.budget_seconds else "does NOT fit"
         return (
-            f"{self.steps} steps: a plain generation took {self.fixed_seconds:.1f} s outside the denoiser and "
-            f"{self.step_seconds:.2f} s per denoiser call, so {self.generations} generations are estimated at "
-            f"{self.estimate_seconds / 60:.1f} min in all (costed as plain ones), which {fits} "
+            f"{self.resolution} px, {self.steps} steps: a plain generation is costed at {self.fixed_seconds:.1f} s "
+            f"outside the denoiser and {self.step_seconds:.2f} s per denoiser call, so {self.generations} "
+            f"generations at {self.estimate_seconds / 60:.1f} min in all from the start, which {fits} "
             f"{self.budget_seconds / 60:.0f} min"
         )
+
+
+#: `pick_steps`' step counts, most first: the bench's default (20) down to a few full-and-partial cycles of DeepCache.
+PICK_STEPS = (20, 15, 12, 9)
+#: `pick_steps`' image sizes, as fractions of the model's own (each rounded down to a multiple of 64 px).
+PICK_SCALES = (1.0, 0.75, 0.5)
 
 
 def pick_steps(
     pipe: Any,
     prompt: str,
     guidance_scale: float,
-    resolution: int | None,
+    resolution: int,
     seed: int,
     generations: int,
     budget_seconds: float,
     elapsed_seconds: float = 0.0,
-    candidates: Sequence[int] = (20, 15, 12, 9, 6),
     call_kwargs: dict[str, Any] | None = None,
 ) -> StackPick:
-    """The most denoising steps of `candidates` whose run fits `budget_seconds`, from one timed plain generation.
+    """The largest image size, then the most steps, whose run of `generations` generations fits `budget_seconds`.
 
-    One generation of `DEEPCACHE_INTERVAL` steps is timed, the denoiser's calls apart from the rest (text encoders,
-    VAE decode). A run of `generations` generations of `steps` steps is then costed at plain speed (the methods only
-    make it shorter), after `elapsed_seconds` already spent and this calibration. The most is the bench's default
-    step count (20); none fitting, the fewest is taken (and `describe` says it does not fit).
+    Sizes: `resolution` (the model's own) and `PICK_SCALES` of it; steps: `PICK_STEPS`. One untimed generation of
+    one step at the smallest size warms the pipeline up (a model's first forwards on a CPU are several times slower
+    than the later ones); then one generation of `DEEPCACHE_INTERVAL` steps at `resolution` is timed, the denoiser's
+    calls apart from the rest (text encoders, VAE decode). A smaller size is costed by its pixel count, every
+    generation of the run at plain speed (the methods only make it shorter), after `elapsed_seconds` already spent
+    and this calibration. None fitting, the smallest size with the fewest steps is taken (and `describe` says it does
+    not fit).
 
     Example:
         >>> pick = pick_steps(pipe, "a cat", 7.5, 512, 0, generations=24, budget_seconds=900)  # doctest: +SKIP
-        >>> pick.steps  # doctest: +SKIP
-        12
+        >>> pick.resolution, pick.steps  # doctest: +SKIP
+        (384, 12)
     """
-    if not candidates or any(steps < 1 for steps in candidates):
-        raise ValueError(f"Expected step counts >= 1, but got {list(candidates)}.")
+    started = time.perf_counter()
+    sizes = sorted({max(64, int(resolution * scale) // 64 * 64) for scale in PICK_SCALES} | {resolution}, reverse=True)
     kwargs = {**pipeline_call_kwargs(pipe), **(call_kwargs or {})}
+    generate_image(pipe, prompt, seed, 1, guidance_scale, sizes[-1], sizes[-1], **kwargs)  # warm-up, untimed
     with DenoiserTimer(pipe.unet) as timer:
         _, total = generate_image(
             pipe, prompt, seed, DEEPCACHE_INTERVAL, guidance_scale, resolution, resolution, **kwargs
         )
     step_seconds = timer.seconds / max(timer.calls, 1)
     fixed_seconds = max(total - timer.seconds, 0.0)
-    # PNDM makes one more denoiser call than steps: cost steps + 1 calls.
-    calls_per_step = timer.calls / DEEPCACHE_INTERVAL
-    spent = elapsed_seconds + total
+    calls_per_step = timer.calls / DEEPCACHE_INTERVAL  # PNDM makes one more denoiser call than steps
+    spent = elapsed_seconds + time.perf_counter() - started
 
-    def estimate(steps: int) -> float:
-        return spent + generations * (fixed_seconds + math.ceil(steps * calls_per_step) * step_seconds)
+    def pick(size: int, steps: int) -> StackPick:
+        scale = (size / resolution) ** 2
+        fixed, step = fixed_seconds * scale, step_seconds * scale
+        estimate = spent + generations * (fixed + math.ceil(steps * calls_per_step) * step)
+        return StackPick(size, steps, fixed, step, generations, estimate, budget_seconds)
 
-    ordered = sorted(set(candidates), reverse=True)
-    steps = next((s for s in ordered if estimate(s) <= budget_seconds), ordered[-1])
-    return StackPick(steps, fixed_seconds, step_seconds, generations, estimate(steps), budget_seconds)
+    candidates = [pick(size, steps) for size in sizes for steps in PICK_STEPS]
+    return next((c for c in candidates if c.estimate_seconds <= budget_seconds), candidates[-1])
 
 
 def _row_value(row: Any, key: str) -> Any:
