@@ -158,9 +158,11 @@ def pixels_per_token(model: torch.nn.Module, family_name: str, vae_factor: int |
     the latent pixels per token (the model's `config.patch_size`, 2 where the pipeline packs latents).
 
     Example:
-        >>> from diffusers import UNet2DConditionModel
-        >>> pixels_per_token(UNet2DConditionModel(block_out_channels=(32, 64), norm_num_groups=8), "unet", 2)
-        2
+        >>> from types import SimpleNamespace
+        >>> pixart = SimpleNamespace(config=SimpleNamespace(patch_size=2))
+        >>> unet = SimpleNamespace(config=SimpleNamespace())
+        >>> pixels_per_token(pixart, "pixart"), pixels_per_token(unet, "unet", vae_factor=2)
+        (16, 2)
     """
     patch: Any = 2 if family_name in _PACKED else getattr(model.config, "patch_size", 1)
     if isinstance(patch, (tuple, list)):  # Wan's (frames, height, width)
