@@ -23,6 +23,7 @@ from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, Fl
 
 import tome_processors as tp
 from test_composition import EMBED_DIM, ip_adapter_state_dict
+from test_wan_derivatives import tiny_skyreels_v2, tiny_wan_vace, vace_inputs
 from tome_processors import ToMeConfig, ToMeProcessor
 from tome_processors.apply import inner_processor
 from tome_processors.families import FAMILIES, find_family
@@ -51,6 +52,8 @@ MODELS = {
     "flux": (tiny_flux, lambda model: flux_inputs()),
     "svd": (tiny_svd_unet, lambda model: svd_inputs()),
     "wan": (tiny_wan, lambda model: wan_inputs()),
+    "skyreels_v2": (tiny_skyreels_v2, lambda model: wan_inputs()),
+    "wan_vace": (tiny_wan_vace, lambda model: vace_inputs()),
     "ltx": (tiny_ltx, lambda model: ltx_inputs()),
     "ltx2": (tiny_ltx2, lambda model: ltx2_inputs()),
     "hunyuanvideo": (tiny_hunyuanvideo, lambda model: hunyuanvideo_inputs()),

@@ -14,7 +14,8 @@ the processor stay generic. A family answers four questions about a model:
 Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
 `PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel`, `Flux2Transformer2DModel`,
 `ChromaTransformer2DModel`, `QwenImageTransformer2DModel`, `ZImageTransformer2DModel`, and the video models
-`WanTransformer3DModel`, `LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
+`WanTransformer3DModel` (and its derivatives `SkyReelsV2Transformer3DModel`, `WanVACETransformer3DModel`),
+`LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
 `HunyuanVideoTransformer3DModel`,
 `HunyuanVideo15Transformer3DModel` and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
 blocks). docs/families.md is the recipe for adding one.
@@ -52,7 +53,7 @@ from .ltx2 import LTX2Family
 from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
-from .wan import WanFamily
+from .wan import SkyReelsV2Family, WanFamily, WanVACEFamily
 from .zimage import ZImageFamily
 
 __all__ = [
@@ -74,11 +75,13 @@ __all__ = [
     "Rotary",
     "SD3Family",
     "SVDFamily",
+    "SkyReelsV2Family",
     "Span",
     "Stack",
     "UNetFamily",
     "ZImageFamily",
     "WanFamily",
+    "WanVACEFamily",
     "attention_levels",
     "class_default_processor",
     "family_of",
@@ -104,6 +107,8 @@ FAMILIES: dict[str, type[Family]] = {
         QwenImageFamily,
         ZImageFamily,
         WanFamily,
+        SkyReelsV2Family,
+        WanVACEFamily,
         LTXVideoFamily,
         LTX2Family,
         HunyuanVideoFamily,
@@ -124,6 +129,8 @@ _SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tra
         "QwenImageTransformer2DModel",
         "ZImageTransformer2DModel",
         "WanTransformer3DModel",
+        "SkyReelsV2Transformer3DModel",
+        "WanVACETransformer3DModel",
         "LTXVideoTransformer3DModel",
         "LTX2VideoTransformer3DModel",
         "HunyuanVideoTransformer3DModel",

@@ -1,11 +1,12 @@
-"""Wan 2.1 / 2.2: a video diffusion transformer over a `(frames, h, w)` grid of patch tokens, 3-D rotary positions."""
+"""Wan 2.1 / 2.2 and the models diffusers derives from it (SkyReels-V2, Wan VACE): video diffusion transformers over
+a `(frames, h, w)` grid of patch tokens, 3-D rotary positions."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from diffusers import WanTransformer3DModel
+from diffusers import SkyReelsV2Transformer3DModel, WanTransformer3DModel, WanVACETransformer3DModel
 
 from ..arguments import argument
 from .base import AttentionSite, BlockSite, Family, Layout
@@ -49,14 +50,11 @@ class WanFamily(Family):
 
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
         """Each block's self-attention over the video tokens (`attn1`, rotary rows) and cross-attention (`attn2`)."""
-        return [
-            BlockSite(
-                block,
-                (AttentionSite(block.attn1, False, Layout.ROTARY), AttentionSite(block.attn2, True)),
-                getattr(block, self.feed_forward),
-            )
-            for block in getattr(model, self.block_list)
-        ]
+        return [self._site(block) for block in getattr(model, self.block_list)]
+
+    def _site(self, block: torch.nn.Module) -> BlockSite:
+        attentions = (AttentionSite(block.attn1, False, Layout.ROTARY), AttentionSite(block.attn2, True))
+        return BlockSite(block, attentions, getattr(block, self.feed_forward))
 
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
         x = argument(args, kwargs, self.input_position, self.input_name)
@@ -64,3 +62,41 @@ class WanFamily(Family):
             return None
         p_t, p_h, p_w = model.config.patch_size
         return int(x.shape[2]) // p_t, int(x.shape[3]) // p_h, int(x.shape[4]) // p_w
+
+
+class SkyReelsV2Family(WanFamily):
+    """`SkyReelsV2Transformer3DModel` (SkyReels-V2's text- and image-to-video and diffusion-forcing pipelines): Wan's
+    blocks, rotary tables and processor layout under other class names, so Wan's family, defaults and presets.
+
+    Example:
+        >>> from tome_processors.families import FAMILIES
+        >>> FAMILIES["skyreels_v2"]().preset_options("balanced")["st"]
+        2
+    """
+
+    name = "skyreels_v2"
+    model_class = SkyReelsV2Transformer3DModel
+
+
+class WanVACEFamily(WanFamily):
+    """`WanVACETransformer3DModel` (Wan VACE): Wan's blocks, and before them `vace_blocks`, Wan blocks over the
+    control video, whose outputs are added into the main blocks as hints.
+
+    The VACE blocks merge too: their self-attention runs over the control stream, one token per video token on the
+    same `(frames, h, w)` grid (padded to the video's length; the first VACE block adds the video tokens in), with
+    the video's rotary tables, and costs as much as a main block's. The merge metric is each block's `hidden_states`
+    input, here the video tokens every VACE block receives (the same as the first main block's), so with
+    `share_level` the one matching per forward is the video's, as on Wan.
+
+    Example:
+        >>> from tome_processors.families import FAMILIES
+        >>> FAMILIES["wan_vace"]().name
+        'wan_vace'
+    """
+
+    name = "wan_vace"
+    model_class = WanVACETransformer3DModel
+
+    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
+        """The VACE blocks (they run first), then the main blocks (see the class doc)."""
+        return [self._site(block) for block in model.vace_blocks] + super().blocks(model)
