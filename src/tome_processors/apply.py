@@ -7,6 +7,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from .built import rebuilt_processor
 from .config import Preset, ToMeConfig
 from .families import Family, family_of, find_family
 from .hooks import attention_modules, context_of, install, unwatch_schedule, warn_if_merges_nothing, watch_schedule
@@ -74,9 +75,16 @@ def check_config(model: torch.nn.Module, config: ToMeConfig) -> Family:
     return family
 
 
-def inner_processor(model: torch.nn.Module, attn: torch.nn.Module, family: Family | None = None) -> Any:
+#: `inner_processor`'s default: find the model's family there.
+_FIND = object()
+
+
+def inner_processor(model: torch.nn.Module, attn: torch.nn.Module, family: Family | None | object = _FIND) -> Any:
     """The processor ToMe runs on `attn`, an attention module of `model`: its processor, or a `ToMeProcessor`'s
-    inner one (for a `ToMeProcessor()` without one, a new processor of the class `model` builds `attn` with).
+    inner one (for a `ToMeProcessor()` without one, a new processor of the class `model` builds `attn` with: its
+    family's answer, or on a model of no supported family, its class's build (built.py)).
+
+    `family`: `model`'s family as the caller found it once (None: of no supported family); without it, found here.
 
     Raises:
         ValueError: for a `ToMeProcessor()` without an inner processor where that class is unknown.
@@ -84,13 +92,26 @@ def inner_processor(model: torch.nn.Module, attn: torch.nn.Module, family: Famil
     processor = attn.processor
     if not isinstance(processor, ToMeProcessor):
         return processor
-    family = family if family is not None else find_family(model)
-    return processor.built_inner(attn, family.built_processor(model, attn) if family is not None else None)
+    if family is _FIND:
+        family = find_family(model)
+    if isinstance(family, Family):
+        return processor.built_inner(attn, family.built_processor(model, attn))
+    if processor.inner is not None:
+        return processor.inner
+    built = rebuilt_processor(model, attn)
+    if built is None:  # the class's default would be a guess: Sana's and CogVideoX's are not what they build
+        raise ValueError(
+            f"Expected to know the processor {type(model).__name__} builds its {type(attn).__name__} modules with, "
+            "to put it back in place of ToMeProcessor() (made without an inner processor), but got a model ToMe "
+            "cannot build again to ask. Nothing was changed; set the processors yourself: "
+            "model.set_attn_processor(<the model's processor>)."
+        )
+    return processor.built_inner(attn, built)
 
 
-def unwrap_processors(model: torch.nn.Module) -> None:
-    """Put every wrapped attention module's inner processor back in place (all found before any is set)."""
-    family = find_family(model)
+def unwrap_processors(model: torch.nn.Module, family: Family | None) -> None:
+    """Put every wrapped attention module of `model` (of `family`, None where unsupported) back to its inner
+    processor, all found before any is set: a processor that cannot be told raises before anything changes."""
     inners = [(attn, inner_processor(model, attn, family)) for attn in attention_modules(model)]
     for attn, inner in inners:
         if attn.processor is not inner:
@@ -144,7 +165,7 @@ def apply_tome(
         plans.append((model, family, model_config))
     for model, family, model_config in plans:
         warn_if_merges_nothing(model, model_config, stacklevel=2, family=family)
-        remove_tome(model)
+        _remove(model, family)
         inners = [(attn, inner_processor(model, attn, family)) for attn in attention_modules(model)]
         context = install(model, model_config, family, ToMeProcessor)
         for attn, inner in inners:
@@ -167,12 +188,18 @@ def remove_tome(model_or_pipeline: T) -> T:
     """
     for model in target_models(model_or_pipeline):
         context = context_of(model)
-        if context is not None:
-            context.remove()
-        unwrap_processors(model)
+        _remove(model, context.family if context is not None else find_family(model))
     if not isinstance(model_or_pipeline, torch.nn.Module):
         unwatch_schedule(model_or_pipeline)
     return model_or_pipeline
+
+
+def _remove(model: torch.nn.Module, family: Family | None) -> None:
+    """`remove_tome` on one model of `family` (None: of no supported family)."""
+    context = context_of(model)
+    if context is not None:
+        context.remove()
+    unwrap_processors(model, family)
 
 
 def is_tome_applied(model_or_pipeline: Any) -> bool:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import warnings
 import weakref
 from types import FrameType
 from typing import Any
@@ -38,9 +39,10 @@ import torch
 from diffusers import ModelMixin
 
 from ._similarity import is_compiling
+from .built import rebuilt_processor
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
-from .families import find_family
+from .families import SUPPORTED, find_family
 from .hooks import attention_modules, context_of, enter_block, install, warn_if_merges_nothing
 
 logger = logging.getLogger(__name__)
@@ -93,9 +95,47 @@ def _attach_from_stack(
         slot = getattr(attn, SLOT_ATTR, None)  # another thread may have attached meanwhile
         if slot is None:
             slot = _attach(attn, config, processor_type, calls, replace_built)
-        if slot is None and any(isinstance(module, ModelMixin) for module, _, _ in calls):
-            passed_through.add(attn)  # the VAE's attention, temporal attention, ...: never merged here
+    if slot is None and any(isinstance(module, ModelMixin) for module, _, _ in calls):
+        _tell_unsupported(attn, calls, processor_type)  # raises before any of that model's attention runs
+        passed_through.add(attn)  # the VAE's attention, temporal attention, ...: never merged here
     return slot
+
+
+#: Models of no supported family a ToMe processor has run in and said so (once per model).
+_TOLD: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+def _owner(attn: torch.nn.Module, calls: list) -> torch.nn.Module | None:
+    """The outermost diffusers model being called that holds `attn`, or None."""
+    for model, _, _ in calls:
+        if isinstance(model, ModelMixin) and any(module is attn for module in model.modules()):
+            return model
+    return None
+
+
+def _tell_unsupported(attn: torch.nn.Module, calls: list, processor_type: type) -> None:
+    """Where the model being called that holds `attn` is of no supported family: say once that ToMe merges nothing
+    in it, and where a ToMe processor there has no inner processor and ToMe cannot tell the one its module is built
+    with, raise, before any of the model's attention runs."""
+    model = _owner(attn, calls)
+    if model is None or model in _TOLD or find_family(model) is not None:
+        return
+    from .processor import missing_inner_error  # processor.py imports this module
+
+    for module in attention_modules(model):
+        processor = getattr(module, "processor", None)
+        if isinstance(processor, processor_type) and processor.inner is None:
+            if rebuilt_processor(model, module) is None:
+                raise missing_inner_error(module)
+    _TOLD.add(model)
+    name = type(model).__name__
+    warnings.warn(
+        f"ToMe merges nothing in {name}: Expected a supported model family ({SUPPORTED}), but got {name}. Its "
+        "attention modules run the processor each ToMeProcessor wraps (without one, the processor the model builds "
+        "them with), unchanged: the output is the model's own. (Said once per model.)",
+        UserWarning,
+        stacklevel=5,
+    )
 
 
 @torch.compiler.disable(
@@ -176,11 +216,18 @@ def built_processor_for_call(attn: torch.nn.Module) -> type | None:
     processor other than its class's default.
     """
     for model, _, _ in _module_calls(sys._getframe(1)):
-        if not isinstance(model, ModelMixin):
+        if not isinstance(model, ModelMixin) or not any(module is attn for module in attention_modules(model)):
             continue
         family = find_family(model)
-        if family is not None and any(module is attn for module in attention_modules(model)):
+        if family is not None:
             return family.built_processor(model, attn)
+        # A model of no supported family: what its class builds (built.py), never a guess.
+        built = rebuilt_processor(model, attn)
+        if built is None:
+            from .processor import missing_inner_error  # processor.py imports this module
+
+            raise missing_inner_error(attn)
+        return built
     return None
 
 

@@ -179,7 +179,8 @@ def missing_inner_error(attn: torch.nn.Module) -> ValueError:
     return ValueError(
         f"Expected ToMeProcessor to know the processor to run on {type(attn).__name__}, but got ToMeProcessor() "
         "without an inner processor, and ToMe cannot tell which processor this module is built with (its model "
-        "is no family ToMe supports, or the module is called outside its model's forward). Pass it: "
+        "is of no family ToMe supports and cannot be built again from its config to ask, or the module is called "
+        "outside its model's forward). Pass it: "
         "ToMeProcessor(<the module's processor>, ratio=...), or use apply_tome(model), which wraps the "
         "processors already set."
     )

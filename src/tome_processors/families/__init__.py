@@ -77,6 +77,7 @@ __all__ = [
     "SVDFamily",
     "SkyReelsV2Family",
     "Span",
+    "SUPPORTED",
     "Stack",
     "UNetFamily",
     "ZImageFamily",
@@ -118,8 +119,8 @@ FAMILIES: dict[str, type[Family]] = {
     )
 }
 
-#: Diffusion transformers that ToMe does not know, named in the error so users see why.
-_SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Transformer2DModel), " + ", ".join(
+#: The model classes ToMe supports, named in the errors and warnings for any other model.
+SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Transformer2DModel), " + ", ".join(
     (
         "PixArtTransformer2DModel",
         "SD3Transformer2DModel",
@@ -153,5 +154,5 @@ def family_of(model: Any) -> Family:
     """The `Family` of `model`; a `ValueError` naming the model's class when it is not supported."""
     family = find_family(model) if isinstance(model, torch.nn.Module) else None
     if family is None:
-        raise ValueError(f"Expected a supported model family ({_SUPPORTED}), but got {type(model).__name__}.")
+        raise ValueError(f"Expected a supported model family ({SUPPORTED}), but got {type(model).__name__}.")
     return family
