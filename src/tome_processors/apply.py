@@ -12,6 +12,7 @@ from .config import Preset, ToMeConfig
 from .families import Family, family_of, find_family
 from .hooks import attention_modules, context_of, install, unwatch_schedule, warn_if_merges_nothing, watch_schedule
 from .processor import ToMeProcessor
+from .replaced import warn_replaced_forwards
 
 logger = logging.getLogger(__name__)
 
@@ -171,6 +172,7 @@ def apply_tome(
         for attn, inner in inners:
             attn.set_processor(ToMeProcessor(inner, model_config))
         context.keeper.install()  # ToMe stays on through fusing, IP-Adapter loading, ... (keeper.py)
+        warn_replaced_forwards(model, context.slotted, stacklevel=2)  # a forward that runs no processor (T-GATE's)
         logger.debug("ToMe applied to %s: %d blocks", type(model).__name__, len(context.blocks))
     if not isinstance(model_or_pipeline, torch.nn.Module):  # `ratio_start` finds its timesteps on the host
         watch_schedule(model_or_pipeline, models)

@@ -44,6 +44,7 @@ from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
 from .families import SUPPORTED, find_family
 from .hooks import attention_modules, context_of, enter_block, install, warn_if_merges_nothing
+from .replaced import warn_replaced_forwards
 
 logger = logging.getLogger(__name__)
 
@@ -265,6 +266,7 @@ def _attach(
         family.check_config(model, config)
         warn_if_merges_nothing(model, config, stacklevel=5, family=family)
         context = install(model, config, family, processor_type)
+        warn_replaced_forwards(model, context.slotted, stacklevel=5)
         # This forward's pre-hooks ran before the hooks existed: start its context from the calls themselves.
         context.begin(model, args, kwargs)
         block_state = context.block_of(site.module)

@@ -42,6 +42,7 @@ from .families import BlockSite, Family, Layout, Span, attention_levels, class_d
 from .keeper import ProcessorKeeper, all_unwrapped
 from .merge import release_buffers
 from .pays import SiteShape, decide, group_of, site_shapes
+from .replaced import warn_replaced_forwards
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +290,8 @@ class _ModelPreHook:
         if not context.holds_processor():
             context.stand_down(module)
             return
+        if not is_compiling():  # a tool may replace the attention forwards between calls (T-GATE: at each call)
+            warn_replaced_forwards(module, context.slotted, stacklevel=3)
         context.begin(module, args, kwargs)
 
 
