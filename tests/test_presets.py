@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import tome_processors as tp
+from test_wan_derivatives import MODELS as WAN_DERIVATIVES
 from tome_processors import ToMeConfig, ToMeMixin
 from tome_processors.bench.presets import preset_table
 from tome_processors.bench.quality import QualityProbe, probe_quality
@@ -45,6 +46,9 @@ def model_and_inputs(family: str) -> tuple[torch.nn.Module, dict]:
         return CASES[family].build(), CASES[family].inputs()
     if family == "wan":
         return tiny_wan(), wan_inputs()
+    if family in WAN_DERIVATIVES:  # SkyReels-V2, Wan VACE
+        build, make_inputs, _ = WAN_DERIVATIVES[family]
+        return build(), make_inputs()
     if family == "ltx":
         return tiny_ltx(), ltx_inputs()
     if family == "ltx2":
