@@ -12,6 +12,7 @@ from .explain import SiteExplanation, explain_tome
 from .hooks import set_timestep_schedule, set_token_grid
 from .pipeline import ToMeMixin, disable_tome, enable_tome, patch_pipelines, unpatch_pipelines
 from .processor import ToMeProcessor
+from .skips import ToMeSkipError, ToMeSkipWarning, strict_skips
 
 __version__ = "0.1.0"
 
@@ -20,6 +21,8 @@ __all__ = [
     "ToMeMixin",
     "SiteExplanation",
     "ToMeProcessor",
+    "ToMeSkipError",
+    "ToMeSkipWarning",
     "__version__",
     "apply_tome",
     "disable_tome",
@@ -31,5 +34,6 @@ __all__ = [
     "remove_tome",
     "set_timestep_schedule",
     "set_token_grid",
+    "strict_skips",
     "unpatch_pipelines",
 ]

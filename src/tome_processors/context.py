@@ -9,10 +9,11 @@ cross-attention. Hooks fill and clear them; processors only read them.
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -30,6 +31,7 @@ from .merge import (
     window_choice,
     window_mix,
 )
+from .skips import Skip, SkipLog, report_skip
 
 _MAX_KEPT_MERGES = 256  # bound on merges kept for reuse across blocks/steps
 
@@ -151,6 +153,16 @@ class ModelState:
     #: With `pays_only`: each block's factor for this forward's grid and device type (0: merges nothing; K/V
     #: pooling: its window side), decided once per grid by the model's pre-hook (pays.py); None without.
     paying: tuple[int, ...] | None = None
+    #: Under context parallelism, the grid of this rank's tokens (`parallel.LocalGrid`; `latent_hw` and `frames`
+    #: are its); None without.
+    shard: Any = None
+    #: The model's context-parallel config (diffusers' `ParallelConfig`), for the processors ToMe builds; else None.
+    parallel_config: Any = None
+    #: Why the model's pre-hook found this whole forward unmergeable, where it said so itself (a context-parallel
+    #: shard with no whole row): what its attentions report instead of their own causes, so one warning says it.
+    forward_skip: Skip | None = None
+    #: The causes of unmerged attention already reported for this model (skips.py); kept across generations.
+    skips: SkipLog = field(default_factory=SkipLog, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
         # A copy (`copy.deepcopy`, `pickle`) starts with no generation and empty caches: they hold the
@@ -165,6 +177,7 @@ class ModelState:
             self.fixed_at_odd_batch,
         )
         fresh.num_blocks = self.num_blocks
+        fresh.skips = SkipLog(self.skips.model_name)
         return dict(vars(fresh))
 
     def reset(self) -> None:
@@ -478,6 +491,8 @@ class BlockState:
     planned: tuple[Partition, ...] = field(default=(), repr=False, compare=False)
     #: With `pays_only`: this block's factor in this forward (0: merges nothing; `ModelState.set_paying`).
     factor: int | None = None
+    #: Why `merge_for` last gave None (skips.py), read only on that path.
+    skipped: Skip | None = None
 
     def __post_init__(self) -> None:
         self.model.num_blocks = max(self.model.num_blocks, self.index + 1)
@@ -539,7 +554,8 @@ class BlockState:
                 Z-Image's padding and text).
         """
         if config.pays_only and self.pays(config) == 0:
-            return None  # merging does not pay here (pays.py)
+            self.skipped = Skip.PAYS  # merging does not pay here (pays.py)
+            return None
         if not (self.model.needs_row_token or text_rows):
             text = 0  # nothing counts the text: one merge for every caller
         # One slot (all processors of a model normally share one config), kept in attributes rather
@@ -553,6 +569,61 @@ class BlockState:
         merge = self._merge_or_reuse(config, text or 0, text_rows, tail)
         self.merged_config, self.merge = config, merge
         return merge
+
+    def window_grid(self, batch: int, num_tokens: int) -> Grid | Skip:
+        """The grid of each window where an attention gets this block's tokens cut into `k` whole sub-grids stacked
+        along the batch (`(k * B, N / k)` tokens where the block's input is `(B, N)`), or why they are not that.
+
+        HiDiffusion's window attention hands its blocks' `attn1` such windows (four, 2 x 2, of a grid maybe rolled
+        first): each window is a grid of its own, at this block's level. Where several splits give `k` windows,
+        the most even one is taken (2 x 2 for four). The split is pure integer math, cached per grid.
+
+        Example:
+            >>> state = ModelState(ToMeConfig())
+            >>> block = BlockState(state, 0)
+            >>> state.latent_hw, block.metric = (8, 8), torch.zeros(2, 64, 4)
+            >>> block.window_grid(8, 16)
+            Grid(h=4, w=4, downsample=1, frames=1)
+        """
+        metric = self.metric
+        if metric is None:
+            return Skip.NO_BLOCK_INPUT
+        if metric.ndim != 3:
+            return Skip.NOT_TOKENS
+        samples, tokens = metric.shape[0], metric.shape[1]
+        pieces = batch // samples if samples else 0
+        if pieces < 2 or pieces * samples != batch or pieces * num_tokens != tokens:
+            return Skip.SHAPE
+        grid = self.grid(tokens)
+        if grid is None:
+            return Skip.NO_GRID
+        window = _window_shape(grid.h, grid.w, pieces) if grid.frames == 1 else None
+        return Skip.SHAPE if window is None else Grid(*window, grid.downsample)
+
+    def window_merge(self, config: ToMeConfig, tokens: torch.Tensor) -> TokenMerge | Skip:
+        """The merge of `tokens`, this block's tokens as windows (`window_grid`): each window merged inside, as the
+        grid it forms, with this block's level's ratio; or why not.
+
+        The windows' own tokens are the similarity metric (a window may hold a rolled part of the grid, which the
+        block's input does not show). Made at every call, never kept across blocks or steps: HiDiffusion draws
+        another roll for each block and step.
+        """
+        if config.pays_only and self.pays(config) == 0:
+            return Skip.PAYS
+        batch, num_tokens = tokens.shape[0], tokens.shape[1]
+        window = self.window_grid(batch, num_tokens)
+        if isinstance(window, Skip):
+            return window
+        r = self._tokens_to_merge(config, window, num_tokens)
+        if isinstance(r, Skip):
+            return r
+        model = self.model
+        # `samples`: the model's batch, for tomesd's rule on odd batches (`ModelState.partitions`).
+        place = model.partitions(config, window, batch, tokens.device, samples=self.metric.shape[0])
+        partition = self.planned[place]
+        similarity_dtype = None if config.similarity_dtype is None else getattr(torch, config.similarity_dtype)
+        source_window = _source_window(config, partition)
+        return match(tokens, partition, r, similarity_dtype, model.needs_row_token, 0, source_window)
 
     def prepare(self) -> None:
         """At the block's start (its pre-hook): on a model whose merged blocks all see one token grid and no other
@@ -569,7 +640,7 @@ class BlockState:
             return  # made this forward by an earlier block (`begin` forgets them)
         metric = self.metric
         size = self._merge_size(config, metric)
-        if size is None:
+        if isinstance(size, Skip):
             return
         grid, _ = size
         if config.share_level:
@@ -580,27 +651,46 @@ class BlockState:
         else:
             model.partitions(config, grid, metric.shape[0], metric.device)
 
-    def _merge_size(self, config: ToMeConfig, metric: torch.Tensor | None) -> tuple[Grid, int] | None:
-        """The grid of `metric` and the tokens `r` to merge away, or None where this block merges nothing."""
-        if metric is None or metric.ndim != 3:
-            return None
+    def _merge_size(self, config: ToMeConfig, metric: torch.Tensor | None) -> tuple[Grid, int] | Skip:
+        """The grid of `metric` and the tokens `r` to merge away, or why this block merges nothing."""
+        if metric is None:
+            return Skip.NO_BLOCK_INPUT
+        if metric.ndim != 3:
+            return Skip.NOT_TOKENS
         num_tokens = metric.shape[1]
         grid = self.grid(num_tokens)
-        if grid is None or grid.h // config.sy == 0 or grid.w // config.sx == 0:
-            return None
-        if grid.frames > 1 and grid.frames // config.st == 0:
-            return None
+        if grid is None:
+            return Skip.NO_GRID
+        r = self._tokens_to_merge(config, grid, num_tokens)
+        return r if isinstance(r, Skip) else (grid, r)
+
+    def _tokens_to_merge(self, config: ToMeConfig, grid: Grid, num_tokens: int) -> int | Skip:
+        """The tokens `r` to merge away of `num_tokens` on `grid` (this block's level), or why none."""
         model = self.model
-        level_ratio = config.level_ratio(grid.downsample, model.max_downsample(config))
-        r = min(int(num_tokens * config.ratio_at(level_ratio, model.timestep_value)), _num_sources(grid, config))
+        max_downsample = model.max_downsample(config)
+        level_ratio = config.level_ratio(grid.downsample, max_downsample)
+        ratio = config.ratio_at(level_ratio, model.timestep_value)
+        if ratio <= 0:
+            left_out = (
+                grid.downsample not in dict(config.level_ratios)
+                if config.level_ratios is not None
+                else grid.downsample > max_downsample
+            )
+            return Skip.LEVEL_OFF if left_out else Skip.NOTHING_TO_MERGE
+        if grid.h // config.sy == 0 or grid.w // config.sx == 0:
+            return Skip.SMALL_GRID
+        if grid.frames > 1 and grid.frames // config.st == 0:
+            return Skip.FEW_FRAMES
+        r = min(int(num_tokens * ratio), _num_sources(grid, config))
         if grid.frames > 1 and config.st == 1:
             r -= r % grid.frames  # merged frame by frame: as many tokens from every frame
-        return (grid, r) if r > 0 else None
+        return r if r > 0 else Skip.NOTHING_TO_MERGE
 
     def _merge_or_reuse(self, config: ToMeConfig, text: int, text_rows: bool, tail: int = 0) -> TokenMerge | None:
         metric = self.metric
         size = self._merge_size(config, metric)
-        if size is None:
+        if isinstance(size, Skip):
+            self.skipped = size
             return None
         grid, r = size
         batch = metric.shape[0]
@@ -664,6 +754,21 @@ class BlockState:
         return fold_frames(merge, batch, frames)
 
 
+@functools.lru_cache(maxsize=64)
+def _window_shape(h: int, w: int, pieces: int) -> tuple[int, int] | None:
+    """`(h, w)` of each of `pieces` whole sub-grids of an `h x w` grid, in rows and columns of windows as near
+    equal in number as the grid allows (more rows of windows on a tie); None where no split is whole."""
+    splits = [
+        (rows, pieces // rows)
+        for rows in range(1, pieces + 1)
+        if pieces % rows == 0 and h % rows == 0 and w % (pieces // rows) == 0
+    ]
+    if not splits:
+        return None
+    rows, columns = min(splits, key=lambda split: (abs(split[0] - split[1]), -split[0]))
+    return h // rows, w // columns
+
+
 def _source_window(config: ToMeConfig, partition: Partition) -> torch.Tensor | None:
     """Each source's window under window matching (from the layout the partition was made from), else None."""
     return partition.layout.source_window if config.matching == "window" else None
@@ -682,10 +787,11 @@ SLOT_ATTR = "_tome_slot"
 
 
 class AttentionSlot:
-    """Where an attention module sits: its block's state, self- or cross-attention, its token layout, and
-    the processor class its model builds it with (what a `ToMeProcessor()` without an inner one runs)."""
+    """Where an attention module sits: its block's state, self- or cross-attention, its token layout, the
+    processor class its model builds it with (what a `ToMeProcessor()` without an inner one runs), and its name
+    in the model (for what `skip` says)."""
 
-    __slots__ = ("block", "built_with", "is_cross", "layout", "mask_at", "rotary_at")
+    __slots__ = ("block", "built_with", "is_cross", "layout", "mask_at", "name", "rotary_at")
 
     def __init__(
         self,
@@ -695,6 +801,7 @@ class AttentionSlot:
         built_with: type | None = None,
         mask_at: int = 1,
         rotary_at: int | None = None,
+        name: str = "",
     ) -> None:
         self.block = block
         self.is_cross = is_cross
@@ -702,3 +809,8 @@ class AttentionSlot:
         self.built_with = built_with
         self.mask_at = mask_at  # positions after hidden_states where the module passes them (`AttentionSite`)
         self.rotary_at = rotary_at
+        self.name = name
+
+    def skip(self, reason: Skip, tokens: torch.Tensor | None = None) -> None:
+        """Report that this attention runs unmerged for `reason` (`skips.report_skip`; once per model and reason)."""
+        report_skip(self.block.model.skips, self.block.model.forward_skip or reason, self.name, tokens)

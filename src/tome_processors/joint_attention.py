@@ -33,6 +33,7 @@ from .arguments import argument, replace_argument
 from .batched_rotary import sample_tables, takes_sample_tables
 from .families import Layout, Rotary
 from .merge import TokenMerge
+from .skips import Skip
 
 _FLUX_ROTARY = Rotary()  # FLUX.1's: `image_rotary_emb`, (cos, sin) over text then image, one for the batch
 
@@ -43,6 +44,7 @@ def run_with_text(
     """Run `processor.inner` with the image tokens merged and the text tokens whole (see module doc)."""
     inner = processor.inner
     if processor.config.mode != "merge":  # K/V pooling cannot reach inside joint attention
+        slot.skip(Skip.KV_JOINT)
         return inner(attn, hidden_states, *args, **kwargs)
     model = slot.block.model
     spec = model.rotary or _FLUX_ROTARY
@@ -50,6 +52,7 @@ def run_with_text(
     grid_tokens = metric.shape[1] if isinstance(metric, torch.Tensor) and metric.ndim == 3 else -1
     extra = hidden_states.shape[1] - grid_tokens  # tokens beside the grid's in `hidden_states`
     if grid_tokens < 0 or extra < 0:
+        slot.skip(Skip.NO_BLOCK_INPUT if grid_tokens < 0 else Skip.FEWER_TOKENS, hidden_states)
         return inner(attn, hidden_states, *args, **kwargs)
     masked = model.masks_text_only
     at = (slot.rotary_at if slot.rotary_at is not None else spec.position, spec.name)  # where the tables are
@@ -62,6 +65,8 @@ def run_with_text(
         ahead = text_len if spec.covers_text and text_first else 0
         merge = processor._merge_for(slot, hidden_states, args, kwargs, ahead, tail=extra, mask_fits=masked)
         if merge is None or not _rotary_fits(spec, at, args, kwargs, ahead + merge.num_tokens, merge.batch):
+            if merge is not None:  # (None: `_merge_for` said why)
+                slot.skip(Skip.ROTARY, hidden_states)
             return inner(attn, hidden_states, *args, **kwargs)
         lead, tail = (text_len, extra) if text_first else (0, extra + text_len)  # the mask's sequence
         args, kwargs = _merged_mask(args, kwargs, slot.mask_at, lead, tail, merge)
@@ -74,11 +79,14 @@ def run_with_text(
         tail = model.tail
         lead = extra - tail
         if lead < 0:
+            slot.skip(Skip.FEWER_TOKENS, hidden_states)
             return inner(attn, hidden_states, *args, **kwargs)
         merge = processor._merge_for(
             slot, hidden_states, args, kwargs, lead, text_rows=True, tail=tail, mask_fits=masked
         )
     if merge is None or not _rotary_fits(spec, at, args, kwargs, hidden_states.shape[1], merge.batch):
+        if merge is not None:  # (None: `_merge_for` said why)
+            slot.skip(Skip.ROTARY, hidden_states)
         return inner(attn, hidden_states, *args, **kwargs)
     args, kwargs = _merged_mask(args, kwargs, slot.mask_at, lead, extra - lead, merge)
     out = _call(inner, attn, merge.merge(hidden_states), args, kwargs, merge, spec, at)

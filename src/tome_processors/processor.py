@@ -25,6 +25,7 @@ from .families import Layout, class_default_processor
 from .joint_attention import run_with_text
 from .merge import TokenMerge, pool_tokens
 from .rotary_attention import run_with_rotary
+from .skips import Skip
 
 
 def _signed_class(base: type, signature: inspect.Signature) -> type:
@@ -358,6 +359,8 @@ class ToMeProcessor:
             return self._run_built(slot, attn, hidden_states, args, kwargs)
         # Nothing merged here: no block state at all, or the pays rule turned this block's merging off.
         if slot is None or (slot.block.factor == 0 and self.config.pays_only) or hidden_states.ndim != 3:
+            if slot is not None:
+                slot.skip(Skip.NOT_TOKENS if hidden_states.ndim != 3 else Skip.PAYS, hidden_states)
             return inner(attn, hidden_states, *args, **kwargs)
         if slot.layout is Layout.ROTARY:  # video tokens with a rotary table row each (Wan)
             return run_with_rotary(self, slot, attn, hidden_states, args, kwargs)
@@ -410,7 +413,13 @@ class ToMeProcessor:
 
     def _built_wrapper(self, attn: torch.nn.Module, slot: AttentionSlot) -> ToMeProcessor:
         config = slot.block.model.config if self._takes_model_config else self.config
-        return ToMeProcessor(self.built_inner(attn, slot.built_with), config)
+        inner = self.built_inner(attn, slot.built_with)
+        parallel = slot.block.model.parallel_config
+        if parallel is not None and getattr(inner, "_parallel_config", False) is None:
+            # Set after `enable_parallelism`, which handed its config to the processors then in place: the one
+            # built here attends over every rank's tokens as they do.
+            inner._parallel_config = parallel
+        return ToMeProcessor(inner, config)
 
     def replace_built(self, attn: torch.nn.Module, slot: AttentionSlot) -> ToMeProcessor:
         """Set on `attn` (merged, at `slot`) what this processor without an inner one runs there: a
@@ -430,40 +439,78 @@ class ToMeProcessor:
         tail: int = 0,
         mask_fits: bool = False,
     ) -> TokenMerge | None:
-        """The block's merge for `hidden_states` (see `BlockState.merge_for` for `text`), or None.
+        """The block's merge for `hidden_states` (see `BlockState.merge_for` for `text`), or None (said through
+        `AttentionSlot.skip`).
 
         `tail`: tokens after the grid's, each a row of its own (`TokenMerge.with_tail_rows`); `mask_fits`:
-        the caller cuts an attention mask down to the merged tokens (joint_attention.py).
+        the caller cuts an attention mask down to the merged tokens (joint_attention.py). Tokens that are the
+        block's cut into windows along the batch (HiDiffusion) are merged inside each window
+        (`BlockState.window_merge`).
         """
         config = self.config
         if not (config.merge_crossattn if slot.is_cross else config.merge_attn):
+            slot.skip(Skip.FLAG_OFF)
             return None
         mask = argument(args, kwargs, slot.mask_at, "attention_mask")
         if mask is not None and not mask_fits and (not slot.is_cross or mask.shape[-2] != 1):
-            return None  # a mask over the merged tokens would no longer line up
+            slot.skip(Skip.MASK, hidden_states)  # a mask over the merged tokens would no longer line up
+            return None
         block = slot.block
         if text or text_rows or tail:
             merge = block.merge_for(config, text, text_rows, tail)
         else:
+            metric = block.metric
+            if metric is not None and metric.shape[0] != hidden_states.shape[0]:  # before the block's merge is made
+                return self._window_merge(slot, hidden_states)
             merge = block.merge_for(config)
-        if merge is None or (merge.batch, merge.num_tokens) != tuple(hidden_states.shape[:2]):
+        if merge is None:
+            slot.skip(block.skipped or Skip.NO_BLOCK_INPUT, hidden_states)
+            return None
+        if (merge.batch, merge.num_tokens) != tuple(hidden_states.shape[:2]):
+            slot.skip(Skip.SHAPE, hidden_states)
+            return None
+        return merge
+
+    def _window_merge(self, slot: AttentionSlot, hidden_states: torch.Tensor) -> TokenMerge | None:
+        """The merge inside each window of `hidden_states`, the block's tokens as windows stacked in the batch, or
+        None (said)."""
+        merge = slot.block.window_merge(self.config, hidden_states)
+        if isinstance(merge, Skip):
+            slot.skip(merge, hidden_states)
             return None
         return merge
 
     def _pooled_keys_values(
         self, slot: AttentionSlot, hidden_states: torch.Tensor, args: tuple, kwargs: dict
     ) -> torch.Tensor | None:
+        """`hidden_states` pooled as the grid they form at their block's level, or None (said through
+        `AttentionSlot.skip`). Tokens that are the block's cut into windows along the batch (HiDiffusion) are
+        pooled inside each window, with the block's level's factor."""
         config = self.config
         if slot.is_cross or not config.merge_attn:
+            slot.skip(Skip.KV_CROSS if slot.is_cross else Skip.FLAG_OFF)
             return None
         if argument(args, kwargs, 0, "encoder_hidden_states") is not None:
+            slot.skip(Skip.TEXT_IN_SELF, hidden_states)
             return None
         if argument(args, kwargs, 1, "attention_mask") is not None:
+            slot.skip(Skip.MASK, hidden_states)
             return None
-        grid = slot.block.grid(hidden_states.shape[1])
-        if grid is None or not slot.block.applies(config, grid):
+        block = slot.block
+        metric = block.metric
+        # Another batch than the block's: windows (whose token count alone would pass for another level's grid).
+        if metric is not None and metric.shape[0] != hidden_states.shape[0]:
+            grid = block.window_grid(hidden_states.shape[0], hidden_states.shape[1])
+        else:
+            grid = block.grid(hidden_states.shape[1])
+        if grid is None or isinstance(grid, Skip):
+            slot.skip(grid or Skip.NO_GRID, hidden_states)
             return None
-        return pool_tokens(hidden_states, grid.h, grid.w, slot.block.pays(config, grid.downsample), config.kv_pool)
+        if not block.applies(config, grid):
+            off = config.level_ratio(grid.downsample, block.model.max_downsample(config)) <= 0
+            slot.skip(Skip.LEVEL_OFF if off else Skip.PAYS)
+            return None
+        return pool_tokens(hidden_states, grid.h, grid.w, block.pays(config, grid.downsample), config.kv_pool)
 
 
 #: Attributes diffusers reads from processors that read as None on a `ToMeProcessor()` without an inner one.

@@ -21,6 +21,7 @@ from ._similarity import is_compiling
 from .arguments import argument, replace_argument
 from .joint_attention import sample_index as _sample_index
 from .merge import TokenMerge
+from .skips import Skip
 
 _ROTARY = (2, "rotary_emb")  # position after hidden_states (encoder_hidden_states, attention_mask, rotary_emb)
 
@@ -38,6 +39,8 @@ def run_with_rotary(
     if merge is None or (
         rotary is not None and (merge.row_token is None or not _fits(rotary, merge.batch, merge.num_tokens, batched))
     ):
+        if merge is not None:  # (None: `_merge_for` said why)
+            slot.skip(Skip.ROTARY, hidden_states)
         return inner(attn, hidden_states, *args, **kwargs)
     if rotary is not None:
         heads_first = batched and rotary[0].ndim == 4  # LTX-2's split tables, (B, H, N, D')
