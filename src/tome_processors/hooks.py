@@ -41,8 +41,10 @@ from .context import SLOT_ATTR, AttentionSlot, BlockState, HostSchedule, ModelSt
 from .families import BlockSite, Family, Layout, Span, attention_levels, class_default_processor, family_of
 from .keeper import ProcessorKeeper, all_unwrapped
 from .merge import release_buffers
+from .parallel import LocalGrid, Shards, local_grid, sequence_shards, uneven_split
 from .pays import SiteShape, decide, group_of, site_shapes
 from .replaced import warn_replaced_forwards
+from .skips import Skip, report_skip
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +127,10 @@ class ModelHooks:
         self.keeper: ProcessorKeeper | None = None
         self.schedule: HostSchedule | None = None  # this generation's timesteps, for `ratio_start`
         self.warned_small_grid = False
+        #: The parallel config last seen on the model and how it splits the tokens (`parallel.py`), read once per
+        #: config rather than per forward.
+        self._parallel_seen: Any = None
+        self._shards: Shards | None = None
         #: The generation's token grid as its pipeline made it (`prepare_latents`), for a compiled forward.
         self.grid_hint: tuple[int, int] | None = None
         #: Each block's static shape (level, width), for `pays_only` (pays.py).
@@ -134,27 +140,43 @@ class ModelHooks:
 
     def __getstate__(self) -> dict:
         # A copy starts a generation of its own: the schedule (held for one pipeline call) stays behind.
-        return {**vars(self), "schedule": None, "grid_hint": None, "decisions": ()}
+        # The parallel config (device meshes) is read again from the copy's model at its first forward.
+        fresh = {"schedule": None, "grid_hint": None, "decisions": (), "_parallel_seen": None, "_shards": None}
+        return {**vars(self), **fresh}
 
     def begin(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """Start a forward of `model` called with `args` / `kwargs`: its token grid and timestep."""
         family, state = self.family, self.model_state
+        state.forward_skip = None
         if self.grid_hint is not None and is_compiling():
             grid = family.hinted_grid(model, args, kwargs, self.grid_hint)
         else:
             grid = family.token_grid(model, args, kwargs)  # None where the call gives no grid (each family checks)
         if grid is None:
             state.reset()
+            state.forward_skip = Skip.NO_MODEL_GRID  # what each attention ToMe merges in says (once per model)
             return
         # A video family's grid is `(frames, h, w)`.
         frames = grid[0] if len(grid) == 3 else 1
+        whole_grid, whole_frames = grid[-2:], frames  # the pays rule decides on what the model generates
+        tail = family.trailing_tokens(args, kwargs, grid)
+        shard = None
+        shards = self._sequence_shards(model)
+        if shards is not None:  # context parallelism: this rank's blocks see one run of the tokens
+            shard = self._local_grid(model, grid[-2:], frames, shards, tail)
+            if shard is None:
+                state.reset()
+                state.forward_skip = Skip.SHARD  # said once by `_local_grid`; the attentions say no more
+                return
+            grid, frames = (shard.h, shard.w), shard.frames
         if not is_compiling() and not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames):
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         paying = None
         if state.config.pays_only:
-            paying = self.paying(grid[-2:], frames, self._device_type(model, args, kwargs))
+            paying = self.paying(whole_grid, whole_frames, self._device_type(model, args, kwargs))
             if not any(paying):  # merging pays in no block: every hook and processor passes straight through
                 state.begin_idle(grid[-2:], frames, paying)
+                state.shard = shard
                 return
         value = None
         if state.config.ratio_start is not None and self.schedule is not None:
@@ -162,7 +184,6 @@ class ModelHooks:
             value = self.schedule.value_for(argument(args, kwargs, family.timestep_position, "timestep"))
         # Only reuse across steps (`recompute_every`) carries anything from one forward into the next.
         marker = family.generation_marker(args, kwargs) if state.config.recompute_every > 1 else None
-        tail = family.trailing_tokens(args, kwargs, grid)
         # The text input names the forward's branch of the step (two calls per step for a classifier-free guidance).
         text = None
         if state.config.recompute_every > 1 and not is_compiling():
@@ -172,7 +193,38 @@ class ModelHooks:
                 text = argument(args, kwargs, position, "encoder_hidden_states")
         timestep = family.timestep(args, kwargs)
         state.begin(grid[-2:], timestep, value, marker, frames, tail, text)
+        state.shard = shard
         state.set_paying(paying)
+
+    def _sequence_shards(self, model: torch.nn.Module) -> Shards | None:
+        parallel = model._parallel_config if hasattr(model, "_parallel_config") else None
+        if parallel is not self._parallel_seen:
+            self._parallel_seen, self._shards = parallel, sequence_shards(model)
+            self.model_state.parallel_config = parallel if self._shards is not None else None
+        return self._shards
+
+    def _local_grid(
+        self, model: torch.nn.Module, grid: tuple[int, int], frames: int, shards: Shards, tail: int
+    ) -> LocalGrid | None:
+        """This rank's grid under context parallelism, or None (said once) where its tokens form none."""
+        context = model._parallel_config.context_parallel_config
+        uneven = uneven_split(context)
+        shard = None if uneven or tail else local_grid((frames, *grid), shards)
+        if shard is None:
+            state = self.model_state
+            if uneven:
+                why = "an uneven split (ulysses_anything / ring_anything)"
+            elif tail:
+                why = f"the image's tokens and {tail} others after them (reference images), split as one sequence"
+            else:
+                why = f"{frames}x{grid[0]}x{grid[1]} tokens that split into no whole rows over {shards.count} ranks"
+            report_skip(
+                state.skips,
+                Skip.SHARD,
+                message=f"ToMe merges nothing in {type(model).__name__} under context parallelism: its blocks get "
+                f"{why}. Choose a size whose token rows divide by the ranks. (Said once per model.)",
+            )
+        return shard
 
     def _device_type(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> str:
         x = argument(args, kwargs, self.family.input_position, self.family.input_name)
@@ -204,12 +256,14 @@ class ModelHooks:
             too_small.append(f"its {frames} frame(s) make no window of st={config.st} frames")
         if too_small and config.ratio > 0:
             self.warned_small_grid = True
-            warnings.warn(
+            # Through the one reporter (warned once per model and cause; an error under `strict_skips`).
+            reason = Skip.SMALL_GRID if h // config.sy == 0 or w // config.sx == 0 else Skip.FEW_FRAMES
+            message = (
                 f"ToMe merges nothing in this {type(model).__name__} forward: {'; '.join(too_small)}. Smaller "
-                "windows (sx, sy, st) merge such inputs. (Said once per model.)",
-                UserWarning,
-                stacklevel=4,
+                "windows (sx, sy, st) merge such inputs. (Said once per model.)"
             )
+            report_skip(self.model_state.skips, reason, message=message)
+            self.model_state.skips.reported.update((Skip.SMALL_GRID, Skip.FEW_FRAMES) if len(too_small) > 1 else ())
 
     def inner_of(self, attn: torch.nn.Module, processor: Any) -> Any:
         """What `processor`, a ToMe processor on `attn`, runs: its inner one, or the one `attn` is built with."""
@@ -396,9 +450,11 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
         one_grid=_one_grid(model, family),
         fixed_at_odd_batch=family.guidance_in_batch,
     )
+    state.skips.model_name = type(model).__name__
     context = ModelHooks(model, state, family, processor_type)
     context.watched = attention_modules(model)
     sites = family.blocks(model)
+    names = {module: name for name, module in model.named_modules()}  # for what a skipped attention says
     context.shapes = site_shapes(model, family, sites)
     context.keeper = ProcessorKeeper(model, context.watched, processor_type, config, context.inner_of)
     context.handles.append(model.register_forward_pre_hook(_ModelPreHook(context), with_kwargs=True))
@@ -406,7 +462,7 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
         block_state = BlockState(state, index)
         context.blocks.append(block_state)
         context.block_modules.append(site.module)
-        _install_block(context, site, block_state, config)
+        _install_block(context, site, block_state, config, names)
     context.keeper.install()
     logger.debug("ToMe hooks on %s (%s): %d blocks", type(model).__name__, family.name, len(context.blocks))
     return context
@@ -454,6 +510,11 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
     model = block_state.model
     if not isinstance(hidden_states, torch.Tensor):
         return  # nothing to merge from
+    shard = model.shard
+    if shard is not None and hidden_states.ndim == 3 and hidden_states.shape[1] == shard.whole_tokens:
+        # Context parallelism that splits at this block's input (Wan's and Qwen-Image's first block): its pre-hook
+        # runs before diffusers' split, so the metric is this rank's run of the whole input.
+        hidden_states = hidden_states[:, shard.start : shard.start + shard.tokens]
     latent_hw = model.latent_hw
     if site is not None and latent_hw is not None:
         hidden_states = site.metric(hidden_states, latent_hw[0] * latent_hw[1], model.tail)
@@ -461,7 +522,9 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
     block_state.prepare()
 
 
-def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState, config: ToMeConfig) -> None:
+def _install_block(
+    context: ModelHooks, site: BlockSite, block_state: BlockState, config: ToMeConfig, names: dict | None = None
+) -> None:
     block = site.module
     span_site = site if site.span is not Span.WHOLE else None
     context.handles.append(block.register_forward_pre_hook(_BlockPreHook(block_state, span_site), with_kwargs=True))
@@ -476,6 +539,7 @@ def _install_block(context: ModelHooks, site: BlockSite, block_state: BlockState
             built_with,
             mask_at=attention.mask_at,
             rotary_at=attention.rotary_at,
+            name=(names or {}).get(attention.module, type(attention.module).__name__),
         )
         setattr(attention.module, SLOT_ATTR, slot)
         context.slotted.append(attention.module)

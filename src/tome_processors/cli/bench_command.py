@@ -80,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a real UNet or diffusion-transformer architecture with random weights (default sd15 when no --model)",
     )
     what.add_argument("--quick", action="store_true", help="a tiny architecture that finishes in seconds")
+    what.add_argument(
+        "--parallel",
+        default=None,
+        metavar="SPEC",
+        help="split a transformer over processes with diffusers' parallelism: ulysses=N, ring=N, ulysses=N,ring=M "
+        "or tp=N (one process a rank; per row seconds per forward and the bytes its collectives send; docs/bench.md)",
+    )
     what.add_argument("--resolution", type=int, default=None, help="image side in pixels (default: the model's)")
     what.add_argument(
         "--layers",
@@ -540,9 +547,58 @@ def run(args: argparse.Namespace) -> int:
     """Check the options (exit code 2 for bad ones), then run the benchmark (`bench.run.run_bench`)."""
     parser = getattr(args, "parser", None)
     args.argv = getattr(args, "argv", None)
+    if getattr(args, "parallel", None) is not None:
+        return _run_parallel(args, parser.error if parser is not None else _exit_2)
     _resolve_defaults(args)
     _check(args, parser.error if parser is not None else _exit_2)
     return run_bench(_request(args))
+
+
+def _run_parallel(args: argparse.Namespace, fail: Any) -> int:
+    """`--parallel SPEC`: the ranks' rows (`bench.parallel`), printed, and written with `--json`."""
+    import json
+    from dataclasses import asdict
+
+    from ..bench.parallel import format_parallel_rows, parse_parallel, run_parallel_bench
+
+    try:
+        spec = parse_parallel(args.parallel)
+    except ValueError as error:
+        fail(str(error))
+    arch = args.arch or "wan"
+    presets = [p for p in args.presets if p != "none"]
+    device = "cpu" if args.device in ("auto", "cpu") and not torch.cuda.is_available() else args.device
+    if device == "auto":
+        device = "cuda"
+    try:
+        rows = run_parallel_bench(
+            spec,
+            arch,
+            presets,
+            ratios=args.ratios or (),
+            rounds=args.rounds or 3,
+            warmup=args.warmup,
+            resolution=args.resolution,
+            width=args.width,
+            frames=args.frames,
+            layers=args.layers,
+            batch=args.batch or 1,
+            seed=args.seed,
+            threads=args.threads or 1,
+            device=device,
+            dtype="float32" if device == "cpu" and args.dtype == "auto" else args.dtype,
+            quick=args.quick,
+        )
+    except ValueError as error:
+        fail(str(error))
+    print(format_parallel_rows(rows, spec))
+    command = "tome-processors " + shlex.join(sys.argv[1:] if args.argv is None else args.argv)
+    print(f"\n{command}: {spec.world_size} ranks on {device}, {args.threads or 1} thread(s) each, arch {arch}")
+    if args.json:
+        with open(args.json, "w") as handle:
+            meta = {"command": command, "parallel": str(spec), "arch": arch, "device": device}
+            json.dump({"meta": meta, "rows": [asdict(row) for row in rows]}, handle, indent=2)
+    return 0
 
 
 def _exit_2(message: str) -> None:

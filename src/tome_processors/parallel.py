@@ -1,0 +1,101 @@
+"""Context parallelism: the part of the token grid that one rank's blocks see.
+
+Under diffusers' context parallelism (`model.enable_parallelism(config=ContextParallelConfig(...))`) each rank's
+blocks get one contiguous run of the flattened token sequence, `tokens.chunk(P, dim=1)[rank]` over the P ranks of
+the ring x Ulysses mesh; for a video, frame-major. The model's forward pre-hook sees the whole input, so the grid it
+reads is the whole one: this module turns it into the grid of one shard, which each rank merges on its own (the
+same merged count on every rank, so the collectives stay equal-sized), while attention stays global.
+
+A shard is merged as:
+- whole frames where the frames divide by P (`(F / P, H, W)`: as one process merges those frames);
+- else whole rows, where the shard's tokens divide by the width: one grid of `N / (P W)` rows, merged as an image
+  (a shard that starts mid-frame holds the end of one frame above the start of the next, so a window may span the
+  two where the frame's rows are not a multiple of the window's; merging across frames, `st`, is not done there);
+- else not at all, with one warning (skips.py).
+
+Example:
+    >>> local_grid((4, 8, 8), Shards(2, 1))
+    LocalGrid(frames=2, h=8, w=8, start=128, whole_tokens=256)
+    >>> local_grid((1, 8, 6), Shards(4, 0)).h
+    2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+__all__ = ["LocalGrid", "Shards", "local_grid", "sequence_shards"]
+
+
+class Shards(NamedTuple):
+    """How the token sequence is split: `count` equal runs, this rank holding run `rank`."""
+
+    count: int
+    rank: int
+
+
+@dataclass(frozen=True)
+class LocalGrid:
+    """The grid of one rank's tokens: `frames` x `h` x `w`, starting at token `start` of `whole_tokens`."""
+
+    frames: int
+    h: int
+    w: int
+    start: int
+    whole_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        """The tokens this rank holds."""
+        return self.frames * self.h * self.w
+
+
+def sequence_shards(model: torch.nn.Module) -> Shards | None:
+    """How `model`'s token sequence is split under diffusers' context parallelism, or None where it is not.
+
+    Read from the config diffusers records on the model (`enable_parallelism`, `from_pretrained(parallel_config=)`):
+    the flattened ring x Ulysses mesh's size and this process's rank in it (what diffusers' split uses). Tensor
+    parallelism splits no tokens: None.
+
+    Example:
+        >>> sequence_shards(torch.nn.Linear(1, 1)) is None
+        True
+    """
+    config: Any = getattr(model, "_parallel_config", None)
+    context = getattr(config, "context_parallel_config", None)
+    mesh = getattr(context, "_flattened_mesh", None)
+    if mesh is None:
+        return None
+    count = mesh.size()
+    return Shards(count, mesh.get_local_rank()) if count > 1 else None
+
+
+def uneven_split(context: Any) -> bool:
+    """Whether diffusers splits the sequence unevenly (`ulysses_anything`, `ring_anything`)."""
+    return bool(getattr(context, "ulysses_anything", False) or getattr(context, "ring_anything", False))
+
+
+def local_grid(grid: tuple[int, ...], shards: Shards) -> LocalGrid | None:
+    """The grid of the tokens rank `shards.rank` holds of the whole `grid` (`(H, W)` or `(F, H, W)`), or None where
+    they form none (the tokens do not divide by the ranks, or a shard holds no whole row).
+
+    Example:
+        >>> local_grid((3, 4, 4), Shards(2, 0))  # 24 tokens: 6 rows of 4, across frames 0 and 1
+        LocalGrid(frames=1, h=6, w=4, start=0, whole_tokens=48)
+        >>> local_grid((1, 3, 3), Shards(2, 0)) is None
+        True
+    """
+    frames, height, width = (1, *grid) if len(grid) == 2 else grid
+    whole = frames * height * width
+    if whole % shards.count:
+        return None
+    tokens = whole // shards.count
+    start = shards.rank * tokens
+    if frames % shards.count == 0:
+        return LocalGrid(frames // shards.count, height, width, start, whole)
+    if tokens % width == 0:
+        return LocalGrid(1, tokens // width, width, start, whole)
+    return None
