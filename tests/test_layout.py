@@ -11,7 +11,7 @@ import tome_processors
 PACKAGE = Path(tome_processors.__file__).parent
 TOOLING = ("tome_processors.bench", "tome_processors.evaluate", "tome_processors.cli", "tome_processors.__main__")
 #: What tooling may import inside a function: optional or heavy dependencies only.
-LAZY_ALLOWED = ("matplotlib", "tomesd", "skimage", "peft")
+LAZY_ALLOWED = ("matplotlib", "tomesd", "skimage", "peft", "DeepCache")
 
 
 def _module_name(path: Path) -> str:

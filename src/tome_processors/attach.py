@@ -39,7 +39,7 @@ import torch
 from diffusers import ModelMixin
 
 from ._similarity import is_compiling
-from .built import rebuilt_processor
+from .built import missing_inner_error, rebuilt_processor
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
 from .families import SUPPORTED, find_family
@@ -121,7 +121,6 @@ def _tell_unsupported(attn: torch.nn.Module, calls: list, processor_type: type) 
     model = _owner(attn, calls)
     if model is None or model in _TOLD or find_family(model) is not None:
         return
-    from .processor import missing_inner_error  # processor.py imports this module
 
     for module in attention_modules(model):
         processor = getattr(module, "processor", None)
@@ -225,8 +224,6 @@ def built_processor_for_call(attn: torch.nn.Module) -> type | None:
         # A model of no supported family: what its class builds (built.py), never a guess.
         built = rebuilt_processor(model, attn)
         if built is None:
-            from .processor import missing_inner_error  # processor.py imports this module
-
             raise missing_inner_error(attn)
         return built
     return None

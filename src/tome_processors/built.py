@@ -63,3 +63,15 @@ def _rebuild(model: torch.nn.Module) -> weakref.WeakKeyDictionary | None:
         if name in classes and hasattr(module, "processor"):
             built[module] = classes[name]
     return built
+
+
+def missing_inner_error(attn: torch.nn.Module) -> ValueError:
+    """The error for a `ToMeProcessor()` without an inner processor on a module whose processor ToMe cannot tell."""
+    return ValueError(
+        f"Expected ToMeProcessor to know the processor to run on {type(attn).__name__}, but got ToMeProcessor() "
+        "without an inner processor, and ToMe cannot tell which processor this module is built with (its model "
+        "is of no family ToMe supports and cannot be built again from its config to ask, or the module is called "
+        "outside its model's forward). Pass it: "
+        "ToMeProcessor(<the module's processor>, ratio=...), or use apply_tome(model), which wraps the "
+        "processors already set."
+    )

@@ -19,6 +19,7 @@ from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnP
 from ._similarity import is_compiling
 from .arguments import argument
 from .attach import PassedThrough, built_processor_for_call, slot_for_call, watch_compiles
+from .built import missing_inner_error
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
 from .families import Layout, class_default_processor
@@ -173,18 +174,6 @@ def _checked_inner(inner: Any) -> Any:
     if inner is not None and not callable(inner):
         raise TypeError(f"Expected inner to be a callable attention processor, but got {type(inner).__name__}.")
     return inner
-
-
-def missing_inner_error(attn: torch.nn.Module) -> ValueError:
-    """The error for a `ToMeProcessor()` without an inner processor on a module whose processor ToMe cannot tell."""
-    return ValueError(
-        f"Expected ToMeProcessor to know the processor to run on {type(attn).__name__}, but got ToMeProcessor() "
-        "without an inner processor, and ToMe cannot tell which processor this module is built with (its model "
-        "is of no family ToMe supports and cannot be built again from its config to ask, or the module is called "
-        "outside its model's forward). Pass it: "
-        "ToMeProcessor(<the module's processor>, ratio=...), or use apply_tome(model), which wraps the "
-        "processors already set."
-    )
 
 
 class ToMeProcessor:

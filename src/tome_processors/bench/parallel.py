@@ -24,8 +24,18 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import diffusers.hooks.tensor_parallel as tensor_parallel
+import diffusers.models.attention_dispatch as dispatch
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from diffusers import ContextParallelConfig, TensorParallelConfig
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..apply import apply_tome
+from ..families import find_family
+from .dit import build_transformer, make_transformer_inputs
+from .meta import resolve_dtype
 
 __all__ = ["ParallelRow", "ParallelSpec", "CollectiveBytes", "parse_parallel", "run_parallel_bench"]
 
@@ -54,8 +64,6 @@ class ParallelSpec:
 
     def config(self) -> Any:
         """diffusers' config for `enable_parallelism`."""
-        from diffusers import ContextParallelConfig, TensorParallelConfig
-
         if self.tp > 1:
             return TensorParallelConfig(tp_degree=self.tp)
         return ContextParallelConfig(ulysses_degree=self.ulysses, ring_degree=self.ring)
@@ -181,13 +189,13 @@ def run_parallel_bench(
     quick: bool = False,
 ) -> list[ParallelRow]:
     """Spawn `spec.world_size` ranks and measure the baseline, each preset and ToMe at each of `ratios` (the
-family's defaults, merging wherever the config selects) on `arch` split by `spec`.
+    family's defaults, merging wherever the config selects) on `arch` split by `spec`.
 
-    Raises:
-        ValueError: an architecture without diffusers' plan for `spec`, or more GPUs than there are.
+        Raises:
+            ValueError: an architecture without diffusers' plan for `spec`, or more GPUs than there are.
 
-    Example:
-        >>> rows = run_parallel_bench(parse_parallel("ulysses=2"), "wan", ["balanced"], quick=True)  # doctest: +SKIP
+        Example:
+            >>> rows = run_parallel_bench(parse_parallel("ulysses=2"), "wan", ["fast"], quick=True)  # doctest: +SKIP
     """
     archs = TENSOR_PARALLEL_ARCHS if spec.tp > 1 else CONTEXT_PARALLEL_ARCHS
     if arch not in archs:
@@ -220,8 +228,6 @@ family's defaults, merging wherever the config selects) on `arch` split by `spec
 
 
 def _spawn(request: ParallelRequest) -> list[Any]:
-    import torch.multiprocessing as mp
-
     context = mp.get_context("spawn")
     queue = context.Queue()
     with socket.socket() as s:
@@ -247,8 +253,6 @@ def _spawn(request: ParallelRequest) -> list[Any]:
 
 
 def _rank_main(rank: int, world: int, port: int, request: ParallelRequest, queue: Any) -> None:
-    import torch.distributed as dist
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(request.threads)
     try:
@@ -268,9 +272,6 @@ def _rank_main(rank: int, world: int, port: int, request: ParallelRequest, queue
 
 def _cpu_stand_ins() -> None:
     """The CPU stand-ins (module doc), in this rank's process only."""
-    import diffusers.hooks.tensor_parallel as tensor_parallel
-    import diffusers.models.attention_dispatch as dispatch
-
     torch.accelerator.device_count = lambda: 1  # one device per rank, as diffusers assumes
     if "cpu" not in tensor_parallel._SUPPORTED_TP_DEVICES:
         tensor_parallel._SUPPORTED_TP_DEVICES = (*tensor_parallel._SUPPORTED_TP_DEVICES, "cpu")
@@ -309,13 +310,6 @@ def _cpu_attention_op(
 
 
 def _measure(request: ParallelRequest, rank: int) -> list[dict]:
-    import torch.distributed as dist
-
-    import tome_processors as tp
-
-    from .dit import build_transformer, make_transformer_inputs
-    from .meta import resolve_dtype
-
     device = torch.device("cuda", rank) if request.device == "cuda" else torch.device("cpu")
     dtype = resolve_dtype(request.dtype, device)
     model = build_transformer(request.arch, quick=request.quick, seed=request.seed, layers=request.layers)
@@ -342,7 +336,7 @@ def _measure(request: ParallelRequest, rank: int) -> list[dict]:
         copied = copy.deepcopy(model)
         copied.enable_parallelism(config=request.spec.config())
         if tome is not None:
-            tp.apply_tome(copied, **tome)
+            apply_tome(copied, **tome)
         copies[name] = copied
     del model
 
@@ -387,8 +381,6 @@ def _measure(request: ParallelRequest, rank: int) -> list[dict]:
 
 def _query_tokens(model: torch.nn.Module, run: Any) -> int:
     """The queries the first merged self-attention of `model` projects in one forward (this rank's)."""
-    from tome_processors.families import find_family
-
     attention = find_family(model).blocks(model)[0].attentions[0].module
     seen: list[int] = []
     handle = attention.to_q.register_forward_pre_hook(lambda _, args: seen.append(int(args[0].shape[-2])))

@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import shlex
 import sys
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -43,6 +45,7 @@ from ..bench.hires import HIRES_ARCHITECTURES
 from ..bench.image_pipelines import IMAGE_PIPELINE_ARCHITECTURES
 from ..bench.image_to_video import missing_requirements
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES
+from ..bench.parallel import format_parallel_rows, parse_parallel, run_parallel_bench
 from ..bench.pipelines import TEXT_ENCODER_SIZES
 from ..bench.run import TRAIN_ARCHITECTURES, UNET_ARCHITECTURES, BenchRequest, run_bench
 from ..bench.stacking import STACK_BUDGET_SECONDS, STACKS
@@ -556,11 +559,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_parallel(args: argparse.Namespace, fail: Any) -> int:
     """`--parallel SPEC`: the ranks' rows (`bench.parallel`), printed, and written with `--json`."""
-    import json
-    from dataclasses import asdict
-
-    from ..bench.parallel import format_parallel_rows, parse_parallel, run_parallel_bench
-
     try:
         spec = parse_parallel(args.parallel)
     except ValueError as error:
