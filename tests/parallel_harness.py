@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tome_processors.bench.parallel import cpu_stand_ins
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -68,45 +70,5 @@ def _worker(rank: int, world_size: int, port: int, function: Callable, results: 
 
 
 def patch_for_cpu() -> None:
-    """The test-only patches (module doc)."""
-    import diffusers.hooks.tensor_parallel as tensor_parallel
-    import diffusers.models.attention_dispatch as dispatch
-
-    torch.accelerator.device_count = lambda: 1
-    if "cpu" not in tensor_parallel._SUPPORTED_TP_DEVICES:
-        tensor_parallel._SUPPORTED_TP_DEVICES = (*tensor_parallel._SUPPORTED_TP_DEVICES, "cpu")
-    dispatch._native_attention_forward_op = _attention_with_lse
-
-
-def _attention_with_lse(
-    ctx: Any,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-    return_lse: bool = False,
-    _save_ctx: bool = True,
-    _parallel_config: Any = None,
-) -> Any:
-    """diffusers' native forward op, `(B, S, H, D)` in and out, with the log-sum-exp `(B, S, H)` where asked."""
-    query, key, value = (x.permute(0, 2, 1, 3) for x in (query, key, value))
-    if not return_lse:
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
-        )
-        return out.permute(0, 2, 1, 3)
-    if attn_mask is not None and attn_mask.dtype == torch.bool:  # the CPU kernel takes an additive mask only
-        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill(~attn_mask, float("-inf"))
-    elif attn_mask is not None:
-        attn_mask = attn_mask.to(query.dtype)
-    if attn_mask is not None:
-        attn_mask = attn_mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
-    )
-    out = out.permute(0, 2, 1, 3)
-    return out, lse.transpose(1, 2)
+    """The test-only patches (module doc): the parallel bench's CPU stand-ins, set in this worker alone."""
+    cpu_stand_ins()

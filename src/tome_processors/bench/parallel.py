@@ -37,7 +37,7 @@ from ..families import find_family
 from .dit import build_transformer, make_transformer_inputs
 from .meta import resolve_dtype
 
-__all__ = ["ParallelRow", "ParallelSpec", "CollectiveBytes", "parse_parallel", "run_parallel_bench"]
+__all__ = ["CollectiveBytes", "ParallelRow", "ParallelSpec", "cpu_stand_ins", "parse_parallel", "run_parallel_bench"]
 
 #: Families whose diffusers model has a context-parallel plan, and those with a tensor-parallel one.
 CONTEXT_PARALLEL_ARCHS = ("wan", "wan-i2v", "flux", "flux2", "qwenimage", "ltx", "ltx2")
@@ -259,7 +259,7 @@ def _rank_main(rank: int, world: int, port: int, request: ParallelRequest, queue
         if request.device == "cuda":
             torch.cuda.set_device(rank)
         else:
-            _cpu_stand_ins()
+            cpu_stand_ins()
         dist.init_process_group("nccl" if request.device == "cuda" else "gloo", rank=rank, world_size=world)
         try:
             rows = _measure(request, rank)
@@ -270,8 +270,8 @@ def _rank_main(rank: int, world: int, port: int, request: ParallelRequest, queue
         queue.put((rank, False, traceback.format_exc()))
 
 
-def _cpu_stand_ins() -> None:
-    """The CPU stand-ins (module doc), in this rank's process only."""
+def cpu_stand_ins() -> None:
+    """The CPU stand-ins (module doc), for this process: call it in a spawned rank only (the tests' ranks too)."""
     torch.accelerator.device_count = lambda: 1  # one device per rank, as diffusers assumes
     if "cpu" not in tensor_parallel._SUPPORTED_TP_DEVICES:
         tensor_parallel._SUPPORTED_TP_DEVICES = (*tensor_parallel._SUPPORTED_TP_DEVICES, "cpu")
