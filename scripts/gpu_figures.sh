@@ -155,5 +155,10 @@ case $1 in
   wan720)
     bench 330 wan720-81 --arch wan --resolution 720 --width 1280 --frames 81 --batch 1 --dtype bfloat16 --rounds 2 --no-trained-quality
     ;;
+  parallel)  # the one-GPU inputs of docs/several-gpus.md's model of Wan on 2-8 GPUs: 480p and 720p, the presets
+    q=(--no-tomesd --no-trained-quality --presets balanced fast)
+    bench 150 wan480-81 --arch wan --resolution 480 --width 832 --frames 81 --batch 1 --dtype bfloat16 --rounds 3 "${q[@]}"
+    bench 300 wan720-81 --arch wan --resolution 720 --width 1280 --frames 81 --batch 1 --dtype bfloat16 --rounds 2 "${q[@]}"
+    ;;
 esac
 tar -C "$out" -czf "$out/json-$1.tgz" json && rm -r "$out/json"
