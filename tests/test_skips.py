@@ -216,3 +216,22 @@ def test_causes_the_configuration_chose_are_logged_not_warned(config, reason, ca
     assert not [w for w in caught if issubclass(w.category, ToMeSkipWarning)]
     logged = [r.getMessage() for r in caplog.records if reason.cause in r.getMessage()]
     assert len(logged) == 1 and "as configured" in logged[0]
+
+
+def test_one_frame_with_windows_of_two_frames_merges_as_an_image_without_a_warning(one_thread):
+    """A 1-frame video (a Wan image, or a rank's run of rows under context parallelism) merges with st=1, so the
+    too-few-frames warning is not given; 2 frames under st=3 still merge nothing and say so."""
+    model = tiny_wan(1)
+    tp.apply_tome(model, ratio=0.5, st=2, use_rand=False)
+    seen = []
+    model.blocks[0].attn1.to_q.register_forward_pre_hook(lambda _, args: seen.append(args[0].shape[1]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_transformer(model, wan_inputs(batch=1, frames=1, h=8, w=8))
+    assert seen == [8]  # 16 tokens merged to 8
+    assert not [w for w in caught if issubclass(w.category, ToMeSkipWarning)]
+
+    model = tiny_wan(1)
+    tp.apply_tome(model, ratio=0.5, st=3, use_rand=False)
+    with pytest.warns(ToMeSkipWarning, match="make no window of st=3"):
+        run_transformer(model, wan_inputs(batch=1, frames=2, h=8, w=8))

@@ -252,7 +252,7 @@ class ModelHooks:
         (h, w), too_small = grid, []
         if h // config.sy == 0 or w // config.sx == 0:
             too_small.append(f"its {h}x{w} token grid has no whole {config.sy}x{config.sx} (sy x sx) window")
-        if config.st > 1 and frames // config.st == 0:
+        if config.st > 1 and frames > 1 and frames // config.st == 0:  # one frame merges as an image (st=1)
             too_small.append(f"its {frames} frame(s) make no window of st={config.st} frames")
         if too_small and config.ratio > 0:
             self.warned_small_grid = True
