@@ -160,5 +160,13 @@ case $1 in
     bench 150 wan480-81 --arch wan --resolution 480 --width 832 --frames 81 --batch 1 --dtype bfloat16 --rounds 3 "${q[@]}"
     bench 300 wan720-81 --arch wan --resolution 720 --width 1280 --frames 81 --batch 1 --dtype bfloat16 --rounds 2 "${q[@]}"
     ;;
+  parallel14b)  # Wan 14B's width (40 heads: Ulysses over 2, 4 or 8 GPUs) at 720p: 4 and 8 of its 40 blocks, so the
+    # whole forward is the blocks' slope times 40 plus what lies outside the blocks
+    q=(--no-tomesd --no-trained-quality --no-memory --no-host-cost --presets balanced fast)
+    for layers in 4 8; do
+      bench 200 "wan14b720-81-l$layers" --arch wan-i2v --resolution 720 --width 1280 --frames 81 --batch 1 \
+        --dtype bfloat16 --layers "$layers" --rounds 2 "${q[@]}"
+    done
+    ;;
 esac
 tar -C "$out" -czf "$out/json-$1.tgz" json && rm -r "$out/json"
