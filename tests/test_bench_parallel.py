@@ -57,3 +57,9 @@ def test_ulysses_rows_count_the_bytes_merging_saves(tmp_path, capsys):
     # A row that merges nothing moves the same bytes and changes nothing.
     assert preset["query_tokens"] == base["query_tokens"] and preset["collective_bytes"] == base["collective_bytes"]
     assert len(merged["seconds"]) == 1 and merged["seconds"][0] > 0
+    # Counted, each byte once: per block, Ulysses' four all-to-alls (queries, keys, values, output) of the tokens the
+    # rank's self-attention holds, and the gather of the rank's output (4 channels x 1 x 2 x 2 patch per token).
+    for row in (base, merged):
+        per_block = 4 * row["query_tokens"] * row["attention_width"] * row["element_size"]
+        gathered = base["query_tokens"] * 16 * row["element_size"]
+        assert row["collective_bytes"] == per_block * row["blocks"] + gathered

@@ -244,9 +244,22 @@ def _scenarios() -> dict:
         preset="balanced",
         use_rand=False,
     )
-    # One frame of 3 x 6 tokens: 9 per rank, no whole row.
+    # 3 frames of 3 x 4 tokens: 18 per rank, rank 1's run starting mid-row (as Wan's 720p clips on 2, 4 or 8 ranks).
+    results["wan-mid-row"] = _case(
+        lambda: _wan(3, 6, 8), ContextParallelConfig(ulysses_degree=2), True, wan_attn1, **RATIO
+    )
+    for preset in ("balanced", "fast"):
+        results[f"wan-mid-row-{preset}"] = _case(
+            lambda: _wan(3, 6, 8),
+            ContextParallelConfig(ulysses_degree=2),
+            True,
+            wan_attn1,
+            preset=preset,
+            use_rand=False,
+        )
+    # One frame of 1 x 12 tokens: 6 per rank, less than a row.
     results["wan-no-rows"] = _case(
-        lambda: _wan(1, 6, 12), ContextParallelConfig(ulysses_degree=2), True, wan_attn1, **RATIO
+        lambda: _wan(1, 2, 24), ContextParallelConfig(ulysses_degree=2), True, wan_attn1, **RATIO
     )
     # FLUX.1, 8 x 8 tokens: 4 rows per rank (and half of the text tokens).
     for tome_first in (True, False):
@@ -328,9 +341,33 @@ def test_presets_merge_under_context_parallelism(ranks):
         assert _change(result["out"], result["solo_tome"]) < _change(result["solo_tome"], result["plain"])
 
 
-def test_a_shard_with_no_whole_row_says_so_once_and_runs_unmerged(ranks):
+def test_a_shard_that_starts_mid_row_merges_its_rows_and_keeps_the_rest(ranks):
+    for result in (rank["wan-mid-row"] for rank in ranks):
+        # 18 tokens per rank: 4 rows of 4 from the run's first token (rank 1's begin mid-row), 2 kept after them;
+        # the rows' 16 merged by half, alike on both ranks; no warning.
+        assert set(result["tokens"]) == {10}
+        assert not result["skips"]
+        assert _change(result["out"], result["solo_tome"]) < GLOBAL_MATCHING_BOUND * _change(
+            result["solo_tome"], result["plain"]
+        )
+        np.testing.assert_array_equal(result["removed"], result["plain"])
+    np.testing.assert_array_equal(ranks[0]["wan-mid-row"]["out"], ranks[1]["wan-mid-row"]["out"])
+
+
+@pytest.mark.parametrize("preset", ["balanced", "fast"])
+def test_presets_merge_a_shard_that_starts_mid_row(ranks, preset):
+    for result in (rank[f"wan-mid-row-{preset}"] for rank in ranks):
+        assert result["tokens"] and max(result["tokens"]) < 18 and len(set(result["tokens"])) == 1
+        assert not result["skips"]
+        assert _change(result["out"], result["solo_tome"]) < GLOBAL_MATCHING_BOUND * _change(
+            result["solo_tome"], result["plain"]
+        )
+    np.testing.assert_array_equal(ranks[0][f"wan-mid-row-{preset}"]["out"], ranks[1][f"wan-mid-row-{preset}"]["out"])
+
+
+def test_a_shard_shorter_than_a_row_says_so_once_and_runs_unmerged(ranks):
     for result in (rank["wan-no-rows"] for rank in ranks):
-        assert set(result["tokens"]) == {9}
+        assert set(result["tokens"]) == {6}
         assert len(result["skips"]) == 1 and "context parallelism" in result["skips"][0], result["skips"]
         np.testing.assert_array_equal(result["removed"], result["plain"])  # removal: the model's own output
 

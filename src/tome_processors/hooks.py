@@ -168,7 +168,7 @@ class ModelHooks:
                 state.reset()
                 state.forward_skip = Skip.SHARD  # said once by `_local_grid`; the attentions say no more
                 return
-            grid, frames = (shard.h, shard.w), shard.frames
+            grid, frames, tail = (shard.h, shard.w), shard.frames, shard.tail
         if not is_compiling() and not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames):
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         paying = None
@@ -217,12 +217,15 @@ class ModelHooks:
             elif tail:
                 why = f"the image's tokens and {tail} others after them (reference images), split as one sequence"
             else:
-                why = f"{frames}x{grid[0]}x{grid[1]} tokens that split into no whole rows over {shards.count} ranks"
+                why = (
+                    f"{frames}x{grid[0]}x{grid[1]} tokens that split into runs shorter than a row, or unevenly, over "
+                    f"{shards.count} ranks"
+                )
             report_skip(
                 state.skips,
                 Skip.SHARD,
                 message=f"ToMe merges nothing in {type(model).__name__} under context parallelism: its blocks get "
-                f"{why}. Choose a size whose token rows divide by the ranks. (Said once per model.)",
+                f"{why}. Choose a size that gives each rank a row of tokens or more. (Said once per model.)",
             )
         return shard
 
@@ -515,6 +518,8 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
         # Context parallelism that splits at this block's input (Wan's and Qwen-Image's first block): its pre-hook
         # runs before diffusers' split, so the metric is this rank's run of the whole input.
         hidden_states = hidden_states[:, shard.start : shard.start + shard.tokens]
+    if shard is not None and shard.tail and hidden_states.ndim == 3 and hidden_states.shape[1] == shard.tokens:
+        hidden_states = hidden_states[:, : shard.tokens - shard.tail]  # the rank's rows; its tail stays unmerged
     latent_hw = model.latent_hw
     if site is not None and latent_hw is not None:
         hidden_states = site.metric(hidden_states, latent_hw[0] * latent_hw[1], model.tail)

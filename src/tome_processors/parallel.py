@@ -8,16 +8,22 @@ same merged count on every rank, so the collectives stay equal-sized), while att
 
 A shard is merged as:
 - whole frames where the frames divide by P (`(F / P, H, W)`: as one process merges those frames);
-- else whole rows, where the shard's tokens divide by the width: one grid of `N / (P W)` rows, merged as an image
-  (a shard that starts mid-frame holds the end of one frame above the start of the next, so a window may span the
-  two where the frame's rows are not a multiple of the window's; merging across frames, `st`, is not done there);
-- else not at all, with one warning (skips.py).
+- else rows of the image's width, counted from the shard's first token: one grid of `N / (P W)` rows, merged as an
+  image (a shard that starts mid-frame holds the end of one frame above the start of the next, so a window may span
+  the two where the frame's rows are not a multiple of the window's; merging across frames, `st`, is not done there).
+  Where the shard starts mid-row (Wan at 720p: 45 rows a frame, 21 frames, on 2, 4 or 8 ranks), each of its rows is
+  the end of one image row followed by the start of the next: the image's columns turned by the shard's offset, so
+  every vertical neighbour is a real one and one horizontal pair a row is not. The tokens after the last whole row of
+  the shard (`tail`, fewer than a row) are kept unmerged; every rank holds as many rows and as long a tail;
+- else (a shard shorter than one row, or tokens that do not divide by P) not at all, with one warning (skips.py).
 
 Example:
     >>> local_grid((4, 8, 8), Shards(2, 1))
-    LocalGrid(frames=2, h=8, w=8, start=128, whole_tokens=256)
+    LocalGrid(frames=2, h=8, w=8, start=128, whole_tokens=256, tail=0)
     >>> local_grid((1, 8, 6), Shards(4, 0)).h
     2
+    >>> local_grid((3, 3, 4), Shards(2, 1))  # 18 tokens a rank: 4 rows of 4 from token 18 on, and 2 after them
+    LocalGrid(frames=1, h=4, w=4, start=18, whole_tokens=36, tail=2)
 """
 
 from __future__ import annotations
@@ -46,11 +52,13 @@ class LocalGrid:
     w: int
     start: int
     whole_tokens: int
+    #: Tokens after the grid's (a shard that ends mid-row), kept unmerged.
+    tail: int = 0
 
     @property
     def tokens(self) -> int:
         """The tokens this rank holds."""
-        return self.frames * self.h * self.w
+        return self.frames * self.h * self.w + self.tail
 
 
 def sequence_shards(model: torch.nn.Module) -> Shards | None:
@@ -80,11 +88,11 @@ def uneven_split(context: Any) -> bool:
 
 def local_grid(grid: tuple[int, ...], shards: Shards) -> LocalGrid | None:
     """The grid of the tokens rank `shards.rank` holds of the whole `grid` (`(H, W)` or `(F, H, W)`), or None where
-    they form none (the tokens do not divide by the ranks, or a shard holds no whole row).
+    they form none (the tokens do not divide by the ranks, or a shard is shorter than a row). Module doc: how.
 
     Example:
         >>> local_grid((3, 4, 4), Shards(2, 0))  # 24 tokens: 6 rows of 4, across frames 0 and 1
-        LocalGrid(frames=1, h=6, w=4, start=0, whole_tokens=48)
+        LocalGrid(frames=1, h=6, w=4, start=0, whole_tokens=48, tail=0)
         >>> local_grid((1, 3, 3), Shards(2, 0)) is None
         True
     """
@@ -96,6 +104,6 @@ def local_grid(grid: tuple[int, ...], shards: Shards) -> LocalGrid | None:
     start = shards.rank * tokens
     if frames % shards.count == 0:
         return LocalGrid(frames // shards.count, height, width, start, whole)
-    if tokens % width == 0:
-        return LocalGrid(1, tokens // width, width, start, whole)
+    if tokens >= width:  # rows of the width from the shard's first token; what is left of a row after them: the tail
+        return LocalGrid(1, tokens // width, width, start, whole, tail=tokens % width)
     return None

@@ -116,7 +116,8 @@ class CollectiveBytes(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         namespace = getattr(func, "namespace", "")
         name = func.__name__
-        if namespace in ("_c10d_functional", "c10d_functional", "c10d") and not name.startswith("wait"):
+        # `wait_tensor` and `_wrap_tensor_autograd` (which wraps a collective's result) move nothing themselves.
+        if namespace in ("_c10d_functional", "c10d_functional", "c10d") and not name.startswith(("wait", "_wrap")):
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
             tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
             self.bytes += sum(t.numel() * t.element_size() for t in tensors)
@@ -135,6 +136,11 @@ class ParallelRow:
     collective_calls: int = 0
     change: float = 0.0
     query_tokens: int = 0
+    #: The model's shape, for reading the bytes per token: its blocks, the width of its attention (heads x head
+    #: dim) and the bytes of one element in the run's dtype.
+    blocks: int = 0
+    attention_width: int = 0
+    element_size: int = 0
 
     @property
     def seconds_per_forward(self) -> float:
@@ -350,7 +356,13 @@ def _measure(request: ParallelRequest, rank: int) -> list[dict]:
             torch.cuda.synchronize(device)
         dist.barrier()
 
-    rows = {name: ParallelRow(name) for name in names}
+    attention = find_family(copies["baseline"]).blocks(copies["baseline"])[0].attentions[0].module
+    shape = {
+        "blocks": len(find_family(copies["baseline"]).blocks(copies["baseline"])),
+        "attention_width": attention.to_q.out_features,
+        "element_size": dtype.itemsize,
+    }
+    rows = {name: ParallelRow(name, **shape) for name in names}
     outputs = {}
     for name in names:
         for _ in range(max(request.warmup, 1)):
