@@ -63,3 +63,47 @@ def test_ulysses_rows_count_the_bytes_merging_saves(tmp_path, capsys):
         per_block = 4 * row["query_tokens"] * row["attention_width"] * row["element_size"]
         gathered = base["query_tokens"] * 16 * row["element_size"]
         assert row["collective_bytes"] == per_block * row["blocks"] + gathered
+
+
+def _bench_json(path, rows, parallel=None):
+    meta = {"parallel": parallel} if parallel else {}
+    path.write_text(json.dumps({"meta": meta, "rows": rows}))
+    return str(path)
+
+
+def test_the_several_gpu_model_reads_the_benches_and_prints_its_table(tmp_path, capsys):
+    from tome_processors.bench.parallel_model import main
+
+    one_gpu = [
+        _bench_json(tmp_path / f"l{n}.json", [
+            {"name": "baseline", "family": "baseline", "seconds": 0.1 + 0.3 * n},
+            {"name": "ours fast r=0.85", "family": "ours fast", "seconds": 0.1 + 0.075 * n},
+        ])
+        for n in (4, 8)
+    ]  # fmt: skip
+    counts = [
+        _bench_json(tmp_path / f"p{p}.json", [
+            {"name": "baseline", "query_tokens": 1200 // p}, {"name": "fast", "query_tokens": 300 // p},
+        ], parallel=f"ring={p}")
+        for p in (2, 4)
+    ]  # fmt: skip
+    argv = ["--one-gpu", f"4={one_gpu[0]}", f"8={one_gpu[1]}", "--blocks", "40", "--counts", *counts]
+    assert main([*argv, "--width", "100", "--heads", "40", "--link", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # 40 blocks: baseline 12.1 s, fast 3.1 s on one GPU. On 2 GPUs: 6.05 s of compute; 4 tensors x 600 tokens x 100
+    # x 2 bytes x 40 blocks, half of them out: 9.6 MB, 0.0096 s at 1 GB/s; fast holds a quarter of the tokens.
+    assert "| 1 | 2 | baseline | 6.060 | 6.050 | 0.010 | 0.01 | 1.00x | 1.00x |" in lines
+    assert "| 1 | 2 | fast | 1.552 | 1.550 | 0.002 | 0.00 | 3.90x | 3.90x |" in lines
+    assert any(line.startswith("| 1 | 4 | fast |") for line in lines)
+    with pytest.raises(SystemExit):
+        main([*argv, "--width", "100", "--heads", "6", "--link", "1"])  # Ulysses over 4 GPUs needs heads / 4
+    assert "divide the 6 heads" in capsys.readouterr().err
+
+
+def test_the_model_fits_a_line_through_two_block_counts():
+    from tome_processors.bench.parallel_model import whole_forward_seconds
+
+    assert whole_forward_seconds({4: {"a": 1.0}, 8: {"a": 1.8}}, 40) == {"a": 8.2}
+    assert whole_forward_seconds({40: {"a": 3.0}}, 40) == {"a": 3.0}
+    with pytest.raises(ValueError, match="two block counts"):
+        whole_forward_seconds({4: {"a": 1.0}}, 40)

@@ -282,7 +282,7 @@ _QUICK: dict[str, dict[str, Any]] = {
                  cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
                  audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, caption_channels=32),
     "wan": dict(_FULL["wan"], num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, text_dim=32,
-                freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=64),
+                freq_dim=32, ffn_dim=32, num_layers=2, rope_max_seq_len=1024),
     "hunyuanvideo": dict(_FULL["hunyuanvideo"], in_channels=4, out_channels=4, num_attention_heads=2,
                          attention_head_dim=16, num_layers=1, num_single_layers=2, num_refiner_layers=1,
                          text_embed_dim=32, pooled_projection_dim=8, rope_axes_dim=(4, 6, 6)),
