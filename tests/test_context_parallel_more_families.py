@@ -265,3 +265,26 @@ def test_hunyuanvideo15_fails_under_ulysses_without_tome(ranks):
     # Its processor masks queries by keys (B, 1, S, S); diffusers' Ulysses gathers a mask along the keys only.
     for rank in ranks:
         assert "must match" in rank["hunyuanvideo15"]["error"], rank["hunyuanvideo15"]["error"]
+
+
+def _figures(results: list[dict]) -> None:
+    """Print, per scenario of rank 0, how far each output is from one process's (the numbers docs/several-gpus.md
+    quotes)."""
+    for name, result in results[0].items():
+        if "parallel_plain" not in result:
+            off = "" if result["out"] is None else f", from one process {abs(result['out'] - result['solo']).max():.2e}"
+            print(f"{name}: {result['error'] or 'runs'}{off}")
+            continue
+        plan = abs(result["parallel_plain"] - result["plain"]).max()
+        tome = abs(result["out"] - result["solo_tome"]).max()
+        ratio = _change(result["out"], result["solo_tome"]) / _change(result["solo_tome"], result["plain"])
+        same = np.array_equal(result["out"], results[1][name]["out"])
+        print(
+            f"{name}: plan vs one process {plan:.2e}; with ToMe: queries at the first attention "
+            f"{sorted(set(result['tokens']))}, vs one process's ToMe {tome:.2e} (max), {ratio:.2f} x ToMe's own "
+            f"change; ranks equal: {same}"
+        )
+
+
+if __name__ == "__main__":
+    _figures(run_ranks(scenarios, world_size=2))
