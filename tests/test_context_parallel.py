@@ -46,12 +46,12 @@ def _wan(frames: int, h: int, w: int, num_layers: int = 2):
     return model, inputs
 
 
-def _flux():
+def _flux(h: int = 8, w: int = 8):
     from test_dit import flux_inputs, tiny_flux
 
     model = tiny_flux()
     model.set_attention_backend("native")
-    inputs = flux_inputs(batch=1, h=8, w=8)
+    inputs = flux_inputs(batch=1, h=h, w=w)
     text = inputs["encoder_hidden_states"]  # text of an even length, which diffusers splits between the ranks
     inputs["encoder_hidden_states"] = torch.cat([text, text[:, :1]], dim=1)[:, : text.shape[1] // 2 * 2 + 2]
     inputs["txt_ids"] = torch.zeros(inputs["encoder_hidden_states"].shape[1], 3)
@@ -266,6 +266,10 @@ def _scenarios() -> dict:
         results[f"flux-ulysses-{tome_first}"] = _case(
             _flux, ContextParallelConfig(ulysses_degree=2), tome_first, flux_attn, **RATIO
         )
+    # FLUX.1, 5 x 4 tokens: 10 per rank, 2 rows and 2 after them (rank 1's from mid-row), in the joint attention.
+    results["flux-mid-row"] = _case(
+        lambda: _flux(5, 4), ContextParallelConfig(ulysses_degree=2), True, flux_attn, **RATIO
+    )
     for name in OTHER_FAMILIES:
         results[name] = _case(
             lambda name=name: _other_family(name),
@@ -384,6 +388,16 @@ def test_flux_under_ulysses_merges_each_ranks_rows(ranks, tome_first):
     np.testing.assert_array_equal(
         ranks[0][f"flux-ulysses-{tome_first}"]["out"], ranks[1][f"flux-ulysses-{tome_first}"]["out"]
     )
+
+
+def test_flux_merges_a_shard_that_starts_mid_row_in_its_joint_attention(ranks):
+    for result in (rank["flux-mid-row"] for rank in ranks):
+        assert set(result["tokens"]) == {6}  # 8 of the rows' tokens merged to 4, the 2 after them kept
+        assert not result["skips"]
+        assert _change(result["out"], result["solo_tome"]) < GLOBAL_MATCHING_BOUND * _change(
+            result["solo_tome"], result["plain"]
+        )
+    np.testing.assert_array_equal(ranks[0]["flux-mid-row"]["out"], ranks[1]["flux-mid-row"]["out"])
 
 
 def test_flux_under_tensor_parallelism_merges_as_one_process(ranks):
