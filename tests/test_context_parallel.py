@@ -248,6 +248,10 @@ def _scenarios() -> dict:
     results["wan-mid-row"] = _case(
         lambda: _wan(3, 6, 8), ContextParallelConfig(ulysses_degree=2), True, wan_attn1, **RATIO
     )
+    # The same 5 frames merged in 2-frame windows: 2 frames of 16 from each rank's first token, 8 tokens after them.
+    results["wan-mid-frame-st2"] = _case(
+        lambda: _wan(5, 8, 8), ContextParallelConfig(ulysses_degree=2), True, wan_attn1, st=2, **RATIO
+    )
     for preset in ("balanced", "fast"):
         results[f"wan-mid-row-{preset}"] = _case(
             lambda: _wan(3, 6, 8),
@@ -334,6 +338,17 @@ def test_a_shard_that_starts_mid_frame_merges_as_rows(ranks):
         # Not what one process does (frame by frame), but a change of ToMe's own size.
         assert _change(result["out"], result["solo_tome"]) < 2 * _change(result["solo_tome"], result["plain"])
     np.testing.assert_array_equal(ranks[0]["wan-mid-frame"]["out"], ranks[1]["wan-mid-frame"]["out"])
+
+
+def test_a_shard_that_starts_mid_frame_merges_windows_across_its_frames(ranks):
+    for result in (rank["wan-mid-frame-st2"] for rank in ranks):
+        # 2 x 2 x 2 windows over the first 32 of 40 tokens: 16 merged away, the 8 after them kept.
+        assert set(result["tokens"]) == {24}
+        assert not result["skips"]
+        assert _change(result["out"], result["solo_tome"]) < GLOBAL_MATCHING_BOUND * _change(
+            result["solo_tome"], result["plain"]
+        )
+    np.testing.assert_array_equal(ranks[0]["wan-mid-frame-st2"]["out"], ranks[1]["wan-mid-frame-st2"]["out"])
 
 
 def test_presets_merge_under_context_parallelism(ranks):

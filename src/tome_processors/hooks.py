@@ -209,7 +209,8 @@ class ModelHooks:
         """This rank's grid under context parallelism, or None (said once) where its tokens form none."""
         context = model._parallel_config.context_parallel_config
         uneven = uneven_split(context)
-        shard = None if uneven or tail else local_grid((frames, *grid), shards)
+        window_frames = self.model_state.config.st
+        shard = None if uneven or tail else local_grid((frames, *grid), shards, window_frames)
         if shard is None:
             state = self.model_state
             if uneven:

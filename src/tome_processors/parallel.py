@@ -8,9 +8,14 @@ same merged count on every rank, so the collectives stay equal-sized), while att
 
 A shard is merged as:
 - whole frames where the frames divide by P (`(F / P, H, W)`: as one process merges those frames);
+- else, where merging spans frames (`st` > 1) and the shard holds `st` frames' worth of tokens or more: frames of
+  `H x W` tokens counted from the shard's first token. Each such frame is a real frame's last rows above the next
+  frame's first rows (the frame's rows turned by the shard's offset), and the same token of the next such frame is
+  the same place one frame later, so windows across frames pair the same places, as in one process; the tokens after
+  the last whole such frame (`tail`) are kept unmerged;
 - else rows of the image's width, counted from the shard's first token: one grid of `N / (P W)` rows, merged as an
   image (a shard that starts mid-frame holds the end of one frame above the start of the next, so a window may span
-  the two where the frame's rows are not a multiple of the window's; merging across frames, `st`, is not done there).
+  the two where the frame's rows are not a multiple of the window's; no merging across frames there).
   Where the shard starts mid-row (Wan at 720p: 45 rows a frame, 21 frames, on 2, 4 or 8 ranks), each of its rows is
   the end of one image row followed by the start of the next: the image's columns turned by the shard's offset, so
   every vertical neighbour is a real one and one horizontal pair a row is not. The tokens after the last whole row of
@@ -52,7 +57,7 @@ class LocalGrid:
     w: int
     start: int
     whole_tokens: int
-    #: Tokens after the grid's (a shard that ends mid-row), kept unmerged.
+    #: Tokens after the grid's (a shard that ends mid-row or mid-frame), kept unmerged.
     tail: int = 0
 
     @property
@@ -86,13 +91,16 @@ def uneven_split(context: Any) -> bool:
     return bool(getattr(context, "ulysses_anything", False) or getattr(context, "ring_anything", False))
 
 
-def local_grid(grid: tuple[int, ...], shards: Shards) -> LocalGrid | None:
+def local_grid(grid: tuple[int, ...], shards: Shards, window_frames: int = 1) -> LocalGrid | None:
     """The grid of the tokens rank `shards.rank` holds of the whole `grid` (`(H, W)` or `(F, H, W)`), or None where
-    they form none (the tokens do not divide by the ranks, or a shard is shorter than a row). Module doc: how.
+    they form none (the tokens do not divide by the ranks, or a shard is shorter than a row). `window_frames`: the
+    frames one merge window spans (`ToMeConfig.st`). Module doc: how.
 
     Example:
         >>> local_grid((3, 4, 4), Shards(2, 0))  # 24 tokens: 6 rows of 4, across frames 0 and 1
         LocalGrid(frames=1, h=6, w=4, start=0, whole_tokens=48, tail=0)
+        >>> local_grid((5, 2, 4), Shards(2, 1), window_frames=2)  # 20 tokens from mid-frame: 2 frames of 8, 4 after
+        LocalGrid(frames=2, h=2, w=4, start=20, whole_tokens=40, tail=4)
         >>> local_grid((1, 3, 3), Shards(2, 0)) is None
         True
     """
@@ -104,6 +112,9 @@ def local_grid(grid: tuple[int, ...], shards: Shards) -> LocalGrid | None:
     start = shards.rank * tokens
     if frames % shards.count == 0:
         return LocalGrid(frames // shards.count, height, width, start, whole)
+    frame = height * width
+    if frames > 1 and window_frames > 1 and tokens // frame >= window_frames:  # frames from the shard's first token
+        return LocalGrid(tokens // frame, height, width, start, whole, tail=tokens % frame)
     if tokens >= width:  # rows of the width from the shard's first token; what is left of a row after them: the tail
         return LocalGrid(1, tokens // width, width, start, whole, tail=tokens % width)
     return None
