@@ -152,27 +152,9 @@ def holds(rows: dict[str, dict[str, float]], method: str) -> bool:
     return eps_holds and 0.0 < row["flicker"] <= reference["flicker"]
 
 
-#: Where a bound does not hold under context parallelism (measured; the bound is kept, the case marked): where a
-#: rank's run starts mid-frame it merges its rows without merging across frames (docs/several-gpus.md), so the
-#: video presets' 2 x 2 x 2 windows become 2 x 2 windows at the same ratio, and "balanced" (0.75 of each window)
-#: changes the prediction about as much as "fast" does: 27.60% under Ulysses-2; in one process, "balanced" with
-#: st=1 changes it by 27.49% (flicker 24.84%) on the same 7-frame clips.
-FAILS_UNDER_PARALLELISM = {("video-7", "balanced")}
-
-
-def _cases(marked: bool = True) -> list:
-    """(case, method) for every preset; with `marked`, those of `FAILS_UNDER_PARALLELISM` are strict xfails."""
-    params = []
-    for case in CASES:
-        for method in EPS_BOUND:
-            fails = marked and (case, method) in FAILS_UNDER_PARALLELISM
-            marks = (
-                pytest.mark.xfail(strict=True, reason="a rank starting mid-frame merges no frame pairs")
-                if fails
-                else ()
-            )
-            params.append(pytest.param(case, method, marks=marks, id=f"{case}-{method}"))
-    return params
+def _cases() -> list:
+    """(case, method) for every preset."""
+    return [pytest.param(case, method, id=f"{case}-{method}") for case in CASES for method in EPS_BOUND]
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +184,7 @@ def test_presets_meet_their_bound_under_ring(sweep, case, method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("case", "method"), _cases(marked=False))
+@pytest.mark.parametrize(("case", "method"), _cases())
 def test_presets_meet_their_bound_in_one_process_on_the_same_inputs(sweep, case, method):
     assert holds(sweep[case]["solo"], method), sweep[case]["solo"]
 
