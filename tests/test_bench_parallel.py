@@ -71,13 +71,14 @@ def _bench_json(path, rows, parallel=None):
     return str(path)
 
 
-def test_the_several_gpu_model_reads_the_benches_and_prints_its_table(tmp_path, capsys):
-    from tome_processors.bench.parallel_model import main
+def test_the_several_gpu_model_reads_the_benches_and_prints_its_table(tmp_path, capsys, monkeypatch):
+    import tome_processors.bench.parallel_model as model
 
     one_gpu = [
         _bench_json(tmp_path / f"l{n}.json", [
-            {"name": "baseline", "family": "baseline", "seconds": 0.1 + 0.3 * n},
-            {"name": "ours fast r=0.85", "family": "ours fast", "seconds": 0.1 + 0.075 * n},
+            {"name": "baseline", "family": "baseline", "seconds": 0.1 + 0.3 * n, "extra": {"attention %": 80.0}},
+            {"name": "ours fast r=0.85", "family": "ours fast", "seconds": 0.1 + 0.075 * n,
+             "extra": {"attention %": 20.0}},
         ])
         for n in (4, 8)
     ]  # fmt: skip
@@ -87,23 +88,37 @@ def test_the_several_gpu_model_reads_the_benches_and_prints_its_table(tmp_path, 
         ], parallel=f"ring={p}")
         for p in (2, 4)
     ]  # fmt: skip
+    clips = []
+    monkeypatch.setattr(model, "one_process_kept", lambda *clip: clips.append(clip) or {"baseline": 1.0, "fast": 0.125})
     argv = ["--one-gpu", f"4={one_gpu[0]}", f"8={one_gpu[1]}", "--blocks", "40", "--counts", *counts]
-    assert main([*argv, "--width", "100", "--heads", "40", "--link", "1"]) == 0
+    argv += ["--clip", "wan", "720", "1280", "81", "--attention-width", "100", "--link", "1"]
+    assert model.main([*argv, "--heads", "40"]) == 0
+    assert clips == [("wan", 720, 1280, 81, ["fast"])]
     lines = capsys.readouterr().out.splitlines()
-    # 40 blocks: baseline 12.1 s, fast 3.1 s on one GPU. On 2 GPUs: 6.05 s of compute; 4 tensors x 600 tokens x 100
-    # x 2 bytes x 40 blocks, half of them out: 9.6 MB, 0.0096 s at 1 GB/s; fast holds a quarter of the tokens.
-    assert "| 1 | 2 | baseline | 6.060 | 6.050 | 0.010 | 0.01 | 1.00x | 1.00x |" in lines
-    assert "| 1 | 2 | fast | 1.552 | 1.550 | 0.002 | 0.00 | 3.90x | 3.90x |" in lines
+    # 40 blocks: baseline 12.1 s (80% attention), fast 3.1 s (20%: 0.62 s) on one GPU. On 2 GPUs: 6.05 s of compute;
+    # 4 tensors x 600 tokens x 100 x 2 bytes x 40 blocks, half of them out: 9.6 MB, 0.0096 s at 1 GB/s. A rank's
+    # fast holds a quarter of its tokens where one process holds an eighth: its attention takes 4 x 0.62 s.
+    assert "| 1 | 2 | baseline | 100.0% | 6.060 | 6.050 | 0.010 | 0.01 | 1.00x | 1.00x |" in lines
+    assert "| 1 | 2 | fast | 25.0% | 2.482 | 2.480 | 0.002 | 0.00 | 2.44x | 3.90x |" in lines
     assert any(line.startswith("| 1 | 4 | fast |") for line in lines)
     with pytest.raises(SystemExit):
-        main([*argv, "--width", "100", "--heads", "6", "--link", "1"])  # Ulysses over 4 GPUs needs heads / 4
+        model.main([*argv, "--heads", "6"])  # Ulysses over 4 GPUs needs heads / 4
     assert "divide the 6 heads" in capsys.readouterr().err
 
 
 def test_the_model_fits_a_line_through_two_block_counts():
-    from tome_processors.bench.parallel_model import whole_forward_seconds
+    from tome_processors.bench.parallel_model import OneGpuTime, whole_forward_seconds
 
-    assert whole_forward_seconds({4: {"a": 1.0}, 8: {"a": 1.8}}, 40) == {"a": 8.2}
-    assert whole_forward_seconds({40: {"a": 3.0}}, 40) == {"a": 3.0}
+    fitted = whole_forward_seconds({4: {"a": OneGpuTime(1.0, 0.2)}, 8: {"a": OneGpuTime(1.8, 0.4)}}, 40)
+    assert fitted == {"a": OneGpuTime(8.2, 2.0)}
+    assert whole_forward_seconds({40: {"a": OneGpuTime(3.0, 1.0)}}, 40) == {"a": OneGpuTime(3.0, 1.0)}
     with pytest.raises(ValueError, match="two block counts"):
-        whole_forward_seconds({4: {"a": 1.0}}, 40)
+        whole_forward_seconds({4: {"a": OneGpuTime(1.0, 0.0)}}, 40)
+
+
+def test_one_process_holds_what_its_presets_keep_of_a_clip():
+    from tome_processors.bench.parallel_model import one_process_kept
+
+    # 480x832, 33 frames: the video presets' 2 x 2 x 2 windows keep 2 of 8 (balanced) or fewer (fast).
+    kept = one_process_kept("wan", 480, 832, 33, ["balanced", "fast"])
+    assert kept["baseline"] == 1.0 and kept["balanced"] == 0.25 and 0.125 <= kept["fast"] < kept["balanced"]

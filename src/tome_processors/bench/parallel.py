@@ -370,7 +370,7 @@ def _measure(request: ParallelRequest, rank: int) -> list[dict]:
         with CollectiveBytes() as counted:
             forward(name)
         rows[name].collective_bytes, rows[name].collective_calls = counted.bytes, counted.calls
-        rows[name].query_tokens = _query_tokens(copies[name], lambda name=name: forward(name))
+        rows[name].query_tokens = first_attention_queries(copies[name], lambda name=name: forward(name))
     for round_index in range(request.rounds):
         order = names[round_index % len(names) :] + names[: round_index % len(names)]  # each method first in turn
         times = {}
@@ -391,7 +391,7 @@ def _measure(request: ParallelRequest, rank: int) -> list[dict]:
     return [asdict(rows[name]) for name in names]
 
 
-def _query_tokens(model: torch.nn.Module, run: Any) -> int:
+def first_attention_queries(model: torch.nn.Module, run: Any) -> int:
     """The queries the first merged self-attention of `model` projects in one forward (this rank's)."""
     attention = find_family(model).blocks(model)[0].attentions[0].module
     seen: list[int] = []
