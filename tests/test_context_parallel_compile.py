@@ -28,7 +28,7 @@ from parallel_harness import run_ranks
 
 TIMESTEPS = (900, 600, 300)
 GRID = (4, 8, 8)  # latent frames, height, width: 4 x 4 x 4 tokens
-#: A rank's run starting mid-row: 3 frames of 3 x 4 tokens, 18 a rank (4 rows of 4 and 2 kept unmerged).
+#: A rank's run starting mid-row: 3 frames of 3 x 4 tokens, 18 a rank (4 rows of 4, and 2 merged as edges).
 MID_ROW_GRID = (3, 6, 8)
 
 
@@ -126,7 +126,7 @@ def _scenarios() -> dict:
     model, inputs = _wan(GRID, True)
     results["plain-first-call"] = _compiled(model, inputs)
     # With ToMe, applied before compiling, after one eager pass: random destinations (the default), a preset
-    # through `model.compile()`, a run from mid-row (its tail kept), and the preset in one process to compare.
+    # through `model.compile()`, a run from mid-row (2 tokens after its rows), and the preset in one process to compare.
     results["ratio"] = _case(GRID, True, ratio=0.5)
     results["balanced"] = _case(GRID, True, method=True, preset="balanced")
     results["mid-row"] = _case(MID_ROW_GRID, True, backend="aot_eager", ratio=0.5, use_rand=False)

@@ -50,6 +50,46 @@ def test_a_layout_is_built_inside_one_compiled_graph():
     assert edges.tolist() == expected and torch.equal(perm, build()[1])
 
 
+@pytest.mark.parametrize(
+    ("h", "w", "frames", "st", "extra"),
+    [(3, 4, 1, 1, 3), (4, 4, 2, 2, 9), (2, 4, 3, 2, 5)],
+    ids=["rows-and-part-of-a-row", "frames-and-part-of-a-frame", "odd-frames-and-part-of-a-frame"],
+)
+def test_tokens_after_the_box_are_edges_that_merge_into_the_window_at_their_place(h, w, frames, st, extra):
+    # A context-parallel rank's run that ends inside a row (frame): the tokens after the last whole one continue
+    # the grid, and each may merge only into the window at its own place a row (frame) earlier.
+    layout = GridLayout.build(h, w, 2, 2, frames=frames, st=st, extra=extra)
+    box = GridLayout.build(h, w, 2, 2, frames=frames, st=st)
+    whole = frames * h * w
+    assert layout.edges.tolist() == box.edges.tolist() + list(range(whole, whole + extra))
+    for j, window in enumerate(layout.source_window[-extra:].tolist()):
+        # the covered token at the same place, one row (frame) back, clamped into the full windows
+        if frames == 1:
+            above = min(h, 2 * (h // 2)) * w - w + j  # the last covered row
+            assert window == box.window_of_token[above].item()
+        else:
+            last = (frames // st) * st - 1
+            assert window == box.window_of_token[last * h * w + j].item()
+    metric = torch.randn(2, whole + extra, 8)
+    partition = layout.fixed(2)
+    r = whole // 2
+    merged = match(metric, partition, r, source_window=layout.source_window)
+    assert merged.num_rows == whole + extra - r
+    rows = merged.token_rows
+    for b in range(2):
+        for position, window in zip(range(whole, whole + extra), layout.source_window[-extra:].tolist(), strict=True):
+            destination = partition.dst_idx[window].item()
+            own_row = rows[b, position].item()
+            assert own_row == rows[b, destination].item() or own_row >= layout.windows  # merged there, or kept alone
+
+
+def test_more_extra_tokens_than_a_row_or_frame_is_an_error():
+    with pytest.raises(ValueError, match="fewer extra tokens than a row"):
+        GridLayout.build(2, 4, 2, 2, extra=4)
+    with pytest.raises(ValueError, match="fewer extra tokens than a frame"):
+        GridLayout.build(2, 4, 2, 2, frames=2, st=2, extra=8)
+
+
 def test_worked_example_merge_and_unmerge():
     # 1 x 4 grid, windows of 2: destinations are tokens 0 and 2.
     metric = torch.tensor([[[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.2, 1.0]]])

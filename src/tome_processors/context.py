@@ -37,12 +37,19 @@ _MAX_KEPT_MERGES = 256  # bound on merges kept for reuse across blocks/steps
 
 
 class Grid(NamedTuple):
-    """A block's token grid: `h x w` tokens at `downsample` times below the latent, in each of `frames` frames."""
+    """A block's token grid: `h x w` tokens at `downsample` times below the latent, in each of `frames` frames, then
+    `extra` tokens that start one more frame (one more row of a single frame): a context-parallel rank's run that
+    ends inside a frame or row (`parallel.LocalGrid.tail`), merged as edges (`GridLayout.extra`)."""
 
     h: int
     w: int
     downsample: int
     frames: int = 1
+    extra: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.frames * self.h * self.w + self.extra
 
 
 @dataclass
@@ -330,11 +337,11 @@ class ModelState:
     def layout(self, grid: Grid, config: ToMeConfig, device: torch.device) -> GridLayout:
         """The layout of `grid` (its frames, with windows of `config.st` frames; or one frame of it)."""
         st = config.st if grid.frames > 1 else 1
-        key = (grid.h, grid.w, config.sx, config.sy, device, grid.frames, st)
+        key = (grid.h, grid.w, config.sx, config.sy, device, grid.frames, st, grid.extra)
         return cached(
             self._layouts,
             key,
-            lambda: GridLayout.build(grid.h, grid.w, config.sx, config.sy, device, grid.frames, st),
+            lambda: GridLayout.build(grid.h, grid.w, config.sx, config.sy, device, grid.frames, st, grid.extra),
         )
 
     def partitions(
@@ -518,6 +525,11 @@ class BlockState:
             return None
         height, width = self.model.latent_hw
         frames = self.model.frames
+        shard = self.model.shard
+        extra = shard.tail if shard is not None else 0
+        if extra:  # a context-parallel rank's run that ends inside a frame or row: one level, no downsampling
+            whole = frames * height * width
+            return Grid(height, width, 1, frames, extra) if num_tokens == whole + extra else None
         if num_tokens % frames:
             return None
         per_frame = num_tokens // frames
@@ -681,6 +693,8 @@ class BlockState:
             return Skip.SMALL_GRID
         if grid.frames > 1 and grid.frames // config.st == 0:
             return Skip.FEW_FRAMES
+        if grid.extra and grid.frames > 1 and config.st == 1:
+            return Skip.SHARD  # a rank's frames counted from mid-frame: merged across frames only (`LocalGrid`)
         r = min(int(num_tokens * ratio), _num_sources(grid, config))
         if grid.frames > 1 and config.st == 1:
             r -= r % grid.frames  # merged frame by frame: as many tokens from every frame
@@ -776,10 +790,8 @@ def _source_window(config: ToMeConfig, partition: Partition) -> torch.Tensor | N
 
 def _num_sources(grid: Grid, config: ToMeConfig) -> int:
     if grid.frames > 1 and config.st > 1:
-        return grid.frames * grid.h * grid.w - (grid.frames // config.st) * (grid.h // config.sy) * (
-            grid.w // config.sx
-        )
-    return grid.frames * (grid.h * grid.w - (grid.h // config.sy) * (grid.w // config.sx))
+        return grid.tokens - (grid.frames // config.st) * (grid.h // config.sy) * (grid.w // config.sx)
+    return grid.tokens - grid.frames * (grid.h // config.sy) * (grid.w // config.sx)
 
 
 #: Attribute set on each mergeable attention module while ToMe is applied: an `AttentionSlot`.

@@ -168,7 +168,7 @@ class ModelHooks:
                 state.reset()
                 state.forward_skip = Skip.SHARD  # said once by `_local_grid`; the attentions say no more
                 return
-            grid, frames, tail = (shard.h, shard.w), shard.frames, shard.tail
+            grid, frames = (shard.h, shard.w), shard.frames  # and `shard.tail`: `BlockState.grid` reads it
         if not is_compiling() and not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames):
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         paying = None
@@ -519,11 +519,10 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
         # Context parallelism that splits at this block's input (Wan's and Qwen-Image's first block): its pre-hook
         # runs before diffusers' split, so the metric is this rank's run of the whole input.
         hidden_states = hidden_states[:, shard.start : shard.start + shard.tokens]
-    if shard is not None and shard.tail and hidden_states.ndim == 3 and hidden_states.shape[1] == shard.tokens:
-        hidden_states = hidden_states[:, : shard.tokens - shard.tail]  # the rank's rows; its tail stays unmerged
     latent_hw = model.latent_hw
     if site is not None and latent_hw is not None:
-        hidden_states = site.metric(hidden_states, latent_hw[0] * latent_hw[1], model.tail)
+        grid_tokens = latent_hw[0] * latent_hw[1] + (shard.tail if shard is not None else 0)
+        hidden_states = site.metric(hidden_states, grid_tokens, model.tail)
     block_state.metric = hidden_states
     block_state.prepare()
 

@@ -308,6 +308,9 @@ class GridLayout:
             the destinations `match` compares a source with under window matching. The same for every
             choice of destinations.
         frames, st: the grid's frames and the frames a window spans.
+        extra: tokens after the `frames x h x w` box, fewer than a frame (a row where the grid is one frame):
+            the start of one more frame (row), all edges, each taking the full window nearest to its place
+            in that frame (row). A context-parallel rank's run of tokens ends so (`parallel.LocalGrid.tail`).
     """
 
     h: int
@@ -321,22 +324,37 @@ class GridLayout:
     source_window: torch.Tensor
     frames: int = 1
     st: int = 1
+    extra: int = 0
     _batched: dict[tuple, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @classmethod
     def build(
-        cls, h: int, w: int, sx: int, sy: int, device: torch.device | str = "cpu", frames: int = 1, st: int = 1
+        cls,
+        h: int,
+        w: int,
+        sx: int,
+        sy: int,
+        device: torch.device | str = "cpu",
+        frames: int = 1,
+        st: int = 1,
+        extra: int = 0,
     ) -> GridLayout:
-        """The layout of an `h x w` grid (of `frames` frames) with `sy x sx` (`st x sy x sx`) windows on `device`.
+        """The layout of an `h x w` grid (of `frames` frames, then `extra` tokens) with `sy x sx` (`st x sy x sx`)
+        windows on `device`.
 
         Example:
             >>> layout = GridLayout.build(2, 2, 2, 2, frames=3, st=2)  # one 2x2x2 window, the last frame left over
             >>> layout.origins.flatten().tolist(), layout.edges.tolist()
             ([0], [8, 9, 10, 11])
+            >>> layout = GridLayout.build(2, 4, 2, 2, extra=3)  # two 2x2 windows, then 3 tokens of a third row
+            >>> layout.edges.tolist(), layout.source_window[-3:].tolist()  # each goes to the window above it
+            ([8, 9, 10], [0, 0, 1])
         """
+        hw = h * w
+        if not 0 <= extra < (hw if frames > 1 else w):
+            raise ValueError(f"Expected fewer extra tokens than a {'frame' if frames > 1 else 'row'}, got {extra}.")
         device = torch.device(device)
         fst, hsy, wsx = frames // st, h // sy, w // sx
-        hw = h * w
         origins = (
             torch.arange(fst).view(fst, 1, 1) * (st * hw)
             + torch.arange(hsy).view(1, hsy, 1) * (sy * w)
@@ -349,8 +367,9 @@ class GridLayout:
         covered[: fst * st, : hsy * sy, : wsx * sx] = True
         # The uncovered tokens in order, as many as the grid leaves (a size the host knows: no boolean
         # indexing, whose data-dependent size a compiled graph could not hold when it builds the layout).
-        num_edges = frames * hw - fst * st * hsy * sy * wsx * sx
-        edges = covered.view(-1).to(torch.uint8).argsort(stable=True)[:num_edges]
+        covered = torch.cat([covered.view(-1), covered.new_zeros(extra)])
+        num_edges = frames * hw + extra - fst * st * hsy * sy * wsx * sx
+        edges = covered.to(torch.uint8).argsort(stable=True)[:num_edges]
         window_of_token = torch.zeros(frames, h, w, dtype=torch.long)
         window_of_token[: fst * st, : hsy * sy, : wsx * sx] = (
             torch.arange(fst * hsy * wsx)
@@ -358,9 +377,15 @@ class GridLayout:
             .expand(fst, st, hsy, sy, wsx, sx)
             .reshape(fst * st, hsy * sy, wsx * sx)
         )
-        # An edge token's nearest window: the one of the covered token its coordinates clamp to.
-        t, y, x = (axis.reshape(-1) for axis in torch.meshgrid(*map(torch.arange, (frames, h, w)), indexing="ij"))
+        # An edge token's nearest window: the one of the covered token its coordinates clamp to. The extra tokens
+        # continue the last frame's rows into one more frame (one more row of a single frame).
+        index = torch.arange(frames * hw + extra)
+        if frames > 1:
+            t, y, x = index // hw, index % hw // w, index % w
+        else:
+            t, y, x = torch.zeros_like(index), index // w, index % w
         nearest = window_of_token[t.clamp(max=fst * st - 1), y.clamp(max=hsy * sy - 1), x.clamp(max=wsx * sx - 1)]
+        window_of_token = torch.cat([window_of_token.view(-1), window_of_token.new_zeros(extra)])
         windows = fst * hsy * wsx
         source_window = torch.cat([torch.arange(windows).repeat(places - 1), nearest[edges]])
         return cls(
@@ -371,10 +396,11 @@ class GridLayout:
             origins.view(1, -1, 1).to(device),
             torch.tensor(order, device=device),
             edges.to(device),
-            window_of_token.view(-1).to(device),
+            window_of_token.to(device),
             source_window.to(device),
             frames,
             st,
+            extra,
         )
 
     @property

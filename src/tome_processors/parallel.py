@@ -12,14 +12,16 @@ A shard is merged as:
   `H x W` tokens counted from the shard's first token. Each such frame is a real frame's last rows above the next
   frame's first rows (the frame's rows turned by the shard's offset), and the same token of the next such frame is
   the same place one frame later, so windows across frames pair the same places, as in one process; the tokens after
-  the last whole such frame (`tail`) are kept unmerged;
+  the last whole such frame (`tail`, less than a frame) are merged as the grid's edges: each may merge into the
+  window at its own place one frame earlier (`GridLayout.extra`);
 - else rows of the image's width, counted from the shard's first token: one grid of `N / (P W)` rows, merged as an
   image (a shard that starts mid-frame holds the end of one frame above the start of the next, so a window may span
   the two where the frame's rows are not a multiple of the window's; no merging across frames there).
   Where the shard starts mid-row (Wan at 720p: 45 rows a frame, 21 frames, on 2, 4 or 8 ranks), each of its rows is
   the end of one image row followed by the start of the next: the image's columns turned by the shard's offset, so
   every vertical neighbour is a real one and one horizontal pair a row is not. The tokens after the last whole row of
-  the shard (`tail`, fewer than a row) are kept unmerged; every rank holds as many rows and as long a tail;
+  the shard (`tail`, fewer than a row) are edges that may merge into the window above them; every rank holds as many
+  rows and as long a tail, so every rank merges as many tokens;
 - else (a shard shorter than one row, or tokens that do not divide by P) not at all, with one warning (skips.py).
 
 Example:
@@ -57,7 +59,8 @@ class LocalGrid:
     w: int
     start: int
     whole_tokens: int
-    #: Tokens after the grid's (a shard that ends mid-row or mid-frame), kept unmerged.
+    #: Tokens after the grid's (a shard that ends mid-row or mid-frame): fewer than a frame (a row where `frames`
+    #: is 1), merged as the grid's edges (`GridLayout.extra`).
     tail: int = 0
 
     @property

@@ -451,9 +451,7 @@ class ToMeProcessor:
             metric = block.metric
             if metric is not None and metric.shape[0] != hidden_states.shape[0]:  # before the block's merge is made
                 return self._window_merge(slot, hidden_states)
-            # A rank's tokens after its last whole row under context parallelism (`LocalGrid.tail`) stay unmerged.
-            shard_tail = block.model.tail if block.model.shard is not None else 0
-            merge = block.merge_for(config, 0, False, shard_tail) if shard_tail else block.merge_for(config)
+            merge = block.merge_for(config)
         if merge is None:
             slot.skip(block.skipped or Skip.NO_BLOCK_INPUT, hidden_states)
             return None
