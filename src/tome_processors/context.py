@@ -595,7 +595,7 @@ class BlockState:
             >>> block = BlockState(state, 0)
             >>> state.latent_hw, block.metric = (8, 8), torch.zeros(2, 64, 4)
             >>> block.window_grid(8, 16)
-            Grid(h=4, w=4, downsample=1, frames=1)
+            Grid(h=4, w=4, downsample=1, frames=1, extra=0)
         """
         metric = self.metric
         if metric is None:
