@@ -46,6 +46,25 @@ def _wan(frames: int, h: int, w: int, num_layers: int = 2):
     return model, inputs
 
 
+def _wan_variant(kind: str):
+    """Wan 2.1 image-to-video (image tokens before the text in the cross-attention) or Wan 2.2 TI2V's timestep per
+    token (the conditioning frame's at 0), 4 frames of 4 x 4 tokens."""
+    from test_video import TEXT_DIM, tiny_wan, wan_inputs
+
+    inputs = wan_inputs(batch=1, frames=4, h=8, w=8)
+    if kind == "i2v":
+        model = tiny_wan(2, image_dim=20)
+        inputs["encoder_hidden_states_image"] = torch.randn(1, 3, 20, generator=torch.Generator().manual_seed(1))
+        inputs["encoder_hidden_states"] = torch.randn(1, 512, TEXT_DIM)  # its processor takes the last 512 as text
+    else:
+        model = tiny_wan(2)
+        timestep = torch.full((1, 4, 16), 700)
+        timestep[:, 0] = 0  # the first frame is the given image's
+        inputs["timestep"] = timestep.flatten(1)
+    model.set_attention_backend("native")
+    return model, inputs
+
+
 def _flux(h: int = 8, w: int = 8):
     from test_dit import flux_inputs, tiny_flux
 
@@ -232,6 +251,10 @@ def _scenarios() -> dict:
             lambda: _wan(4, 8, 8), ContextParallelConfig(ulysses_degree=2), tome_first, wan_attn1, **RATIO
         )
     results["wan-ring"] = _case(lambda: _wan(4, 8, 8), ContextParallelConfig(ring_degree=2), True, wan_attn1, **RATIO)
+    for kind in ("i2v", "ti2v"):
+        results[f"wan-{kind}"] = _case(
+            lambda kind=kind: _wan_variant(kind), ContextParallelConfig(ulysses_degree=2), True, wan_attn1, **RATIO
+        )
     # 5 frames: each rank holds 10 rows of 4 tokens, the middle frame split between them.
     results["wan-mid-frame"] = _case(
         lambda: _wan(5, 8, 8), ContextParallelConfig(ulysses_degree=2), True, wan_attn1, **RATIO
@@ -328,6 +351,19 @@ def test_wan_under_ring_attention_equals_one_process(ranks):
         assert set(result["tokens"]) == {16}
         np.testing.assert_allclose(result["out"], result["solo_tome"], atol=1e-5)
         assert not result["skips"]
+
+
+@pytest.mark.parametrize("kind", ["i2v", "ti2v"])
+def test_wan_image_to_video_and_a_timestep_per_token_under_ulysses_equal_one_process(ranks, kind):
+    # Wan 2.1 I2V (image tokens in the cross-attention) and Wan 2.2 TI2V (diffusers' plan splits the timestep per
+    # token with the tokens): each rank merges its 2 whole frames, as one process does.
+    for result in (rank[f"wan-{kind}"] for rank in ranks):
+        assert result["tokens"] and set(result["tokens"]) == {16}
+        np.testing.assert_allclose(result["out"], result["solo_tome"], atol=1e-5)
+        assert _change(result["out"], result["plain"]) > 1e-3
+        np.testing.assert_array_equal(result["removed"], result["plain"])
+        assert not result["skips"]
+    np.testing.assert_array_equal(ranks[0][f"wan-{kind}"]["out"], ranks[1][f"wan-{kind}"]["out"])
 
 
 def test_a_shard_that_starts_mid_frame_merges_as_rows(ranks):
