@@ -101,6 +101,10 @@ def _other_family(name: str):
 
         model, inputs = tiny_flux2(), _even_text(flux2_inputs(batch=1, h=16, w=16))
         inputs["img_ids"], inputs["txt_ids"] = inputs["img_ids"][None], inputs["txt_ids"][None]
+    elif name == "qwenimage-edit":
+        from test_new_families import qwenimage_inputs, tiny_qwenimage
+
+        model, inputs = tiny_qwenimage(), _even_text(qwenimage_inputs(batch=1, h=8, w=8, reference=(4, 4)))
     elif name == "flux2-reference":
         from test_new_families import flux2_inputs, tiny_flux2
 
@@ -308,14 +312,16 @@ def _scenarios() -> dict:
     results["flux-pipeline"] = _flux_pipeline_case()
     for how in ("apply_tome", "set_attn_processor"):
         results[f"wan-pipeline-{how}"] = _wan_pipeline_case(how)
-    # FLUX.2 with a reference image: its tokens follow the image's in the sequence diffusers splits.
-    results["flux2-reference"] = _case(
-        lambda: _other_family("flux2-reference"),
-        ContextParallelConfig(ulysses_degree=2),
-        True,
-        _first_attention,
-        **RATIO,
-    )
+    # FLUX.2 and Qwen-Image-Edit with a reference image: its tokens follow the image's in the sequence diffusers
+    # splits.
+    for name in ("flux2-reference", "qwenimage-edit"):
+        results[name] = _case(
+            lambda name=name: _other_family(name),
+            ContextParallelConfig(ulysses_degree=2),
+            True,
+            _first_attention,
+            **RATIO,
+        )
     # Tensor parallelism: every rank holds every token.
     results["flux-tp"] = _case(_flux, TensorParallelConfig(tp_degree=2), True, flux_attn, **RATIO)
     return results
@@ -499,8 +505,9 @@ def test_a_flux_pipeline_under_ulysses_merges_on_every_rank_the_same_image_twice
     np.testing.assert_array_equal(ranks[0]["flux-pipeline"]["first"], ranks[1]["flux-pipeline"]["first"])
 
 
-def test_reference_image_tokens_under_context_parallelism_say_so_once_and_run_unmerged(ranks):
-    for result in (rank["flux2-reference"] for rank in ranks):
+@pytest.mark.parametrize("name", ["flux2-reference", "qwenimage-edit"])
+def test_reference_image_tokens_under_context_parallelism_say_so_once_and_run_unmerged(ranks, name):
+    for result in (rank[name] for rank in ranks):
         assert set(result["tokens"]) == {40}  # (64 + 16) / 2 image tokens a rank, none merged
         assert len(result["skips"]) == 1 and "reference images" in result["skips"][0], result["skips"]
         np.testing.assert_allclose(result["out"], result["plain"], atol=1e-5)

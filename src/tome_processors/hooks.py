@@ -163,7 +163,10 @@ class ModelHooks:
         shard = None
         shards = self._sequence_shards(model)
         if shards is not None:  # context parallelism: this rank's blocks see one run of the tokens
-            shard = self._local_grid(model, grid[-2:], frames, shards, tail)
+            # Image tokens beyond the grid's that the family passes through (Qwen-Image-Edit's reference image)
+            # split with it as one sequence, as a tail does.
+            beyond = self._tokens_beyond_grid(args, kwargs, frames * grid[-2] * grid[-1])
+            shard = self._local_grid(model, grid[-2:], frames, shards, tail or beyond)
             if shard is None:
                 state.reset()
                 state.forward_skip = Skip.SHARD  # said once by `_local_grid`; the attentions say no more
@@ -196,6 +199,14 @@ class ModelHooks:
         state.shard = shard
         state.set_paying(paying)
 
+    def _tokens_beyond_grid(self, args: tuple, kwargs: dict, grid_tokens: int) -> int:
+        """Tokens of the model's token-sequence input (`(B, N, C)`) after the grid's; 0 for a latent input."""
+        family = self.family
+        x = argument(args, kwargs, family.input_position, family.input_name)
+        if not isinstance(x, torch.Tensor) or x.ndim != 3:
+            return 0
+        return max(int(x.shape[1]) - grid_tokens, 0)
+
     def _sequence_shards(self, model: torch.nn.Module) -> Shards | None:
         parallel = model._parallel_config if hasattr(model, "_parallel_config") else None
         if parallel is not self._parallel_seen:
@@ -214,19 +225,22 @@ class ModelHooks:
         if shard is None:
             state = self.model_state
             if uneven:
-                why = "an uneven split (ulysses_anything / ring_anything)"
+                why = "an uneven split (ulysses_anything / ring_anything). Split evenly to merge"
             elif tail:
-                why = f"the image's tokens and {tail} others after them (reference images), split as one sequence"
+                why = (
+                    f"the image's tokens and {tail} others after them (reference images), split as one sequence, so "
+                    "a rank may hold no generated token. Run edits without context parallelism to merge"
+                )
             else:
                 why = (
                     f"{frames}x{grid[0]}x{grid[1]} tokens that split into runs shorter than a row, or unevenly, over "
-                    f"{shards.count} ranks"
+                    f"{shards.count} ranks. Choose a size that gives each rank a row of tokens or more"
                 )
             report_skip(
                 state.skips,
                 Skip.SHARD,
                 message=f"ToMe merges nothing in {type(model).__name__} under context parallelism: its blocks get "
-                f"{why}. Choose a size that gives each rank a row of tokens or more. (Said once per model.)",
+                f"{why}. (Said once per model.)",
             )
         return shard
 
