@@ -170,9 +170,10 @@ def _case(build, parallel, tome_first: bool, attentions, **tome) -> dict:
     )
 
 
-def _wan_pipeline_case(how: str) -> dict:
-    """A tiny Wan pipeline's whole call, twice with one seed, with its transformer under Ulysses-2 and ToMe turned on
-    `how`, after `enable_parallelism`; the query tokens of the first block's self-attention."""
+def _wan_pipeline_case(how: str, two_experts: bool = False) -> dict:
+    """A tiny Wan pipeline's whole call, twice with one seed, with its transformer (both, Wan 2.2's two experts) under
+    Ulysses-2 and ToMe turned on `how`, after `enable_parallelism`; the query tokens of each transformer's first
+    block's self-attention."""
     import tempfile
     from pathlib import Path
 
@@ -182,22 +183,27 @@ def _wan_pipeline_case(how: str) -> dict:
 
     from test_video import generate, tiny_wan_pipeline
 
-    pipe = tiny_wan_pipeline(Path(tempfile.mkdtemp()))
-    pipe.transformer.set_attention_backend("native")
-    pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+    pipe = tiny_wan_pipeline(Path(tempfile.mkdtemp()), two_experts=two_experts)
+    transformers = [pipe.transformer] + ([pipe.transformer_2] if two_experts else [])
+    for transformer in transformers:
+        transformer.set_attention_backend("native")
+        transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plain = generate(pipe)
         if how == "set_attn_processor":
-            pipe.transformer.set_attn_processor(tp.ToMeProcessor(ratio=0.5))
+            for transformer in transformers:
+                transformer.set_attn_processor(tp.ToMeProcessor(ratio=0.5))
         else:
             tp.apply_tome(pipe, ratio=0.5)
-        seen, handles = _query_tokens([pipe.transformer.blocks[0].attn1])
+        per_expert = [_query_tokens([transformer.blocks[0].attn1]) for transformer in transformers]
         first, second = generate(pipe), generate(pipe)
-        for handle in handles:
-            handle.remove()
+        for _, handles in per_expert:
+            for handle in handles:
+                handle.remove()
     skips = [str(w.message) for w in caught if issubclass(w.category, tp.ToMeSkipWarning)]
-    return dict(plain=plain, first=first, second=second, tokens=seen, skips=skips)
+    seen = per_expert[0][0]
+    return dict(plain=plain, first=first, second=second, tokens=seen, experts=[s for s, _ in per_expert], skips=skips)
 
 
 def _flux_pipeline_case() -> dict:
@@ -312,6 +318,7 @@ def _scenarios() -> dict:
     results["flux-pipeline"] = _flux_pipeline_case()
     for how in ("apply_tome", "set_attn_processor"):
         results[f"wan-pipeline-{how}"] = _wan_pipeline_case(how)
+    results["wan22-pipeline"] = _wan_pipeline_case("apply_tome", two_experts=True)
     # FLUX.2 and Qwen-Image-Edit with a reference image: its tokens follow the image's in the sequence diffusers
     # splits.
     for name in ("flux2-reference", "qwenimage-edit"):
@@ -485,6 +492,17 @@ def test_a_wan_pipeline_under_ulysses_merges_on_every_rank_the_same_video_twice(
         assert _change(result["first"], result["plain"]) > 0
         assert not result["skips"]
     np.testing.assert_array_equal(ranks[0][f"wan-pipeline-{how}"]["first"], ranks[1][f"wan-pipeline-{how}"]["first"])
+
+
+def test_a_wan22_pipeline_with_two_experts_under_ulysses_merges_in_both(ranks):
+    # Wan 2.2 A14B's layout: `transformer` for the high-noise steps, `transformer_2` for the rest, each parallelized.
+    for result in (rank["wan22-pipeline"] for rank in ranks):
+        for expert in result["experts"]:
+            assert expert and set(expert) < {1, 2, 3, 4, 5}  # each expert ran, merging its rank's 6 tokens
+        np.testing.assert_array_equal(result["first"], result["second"])
+        assert _change(result["first"], result["plain"]) > 0
+        assert not result["skips"]
+    np.testing.assert_array_equal(ranks[0]["wan22-pipeline"]["first"], ranks[1]["wan22-pipeline"]["first"])
 
 
 def test_a_processor_set_after_enable_parallelism_attends_over_every_rank(ranks):
