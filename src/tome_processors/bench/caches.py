@@ -30,7 +30,7 @@ import torch
 from diffusers.hooks import FirstBlockCacheConfig, TaylorSeerCacheConfig
 from diffusers.models.cache_utils import CacheMixin
 
-from .engine import Method
+from .engine import Method, with_tome_rows
 from .photos import heldout_crops
 from .quality import load_denoiser
 from .sampling import SamplingProbe
@@ -146,29 +146,8 @@ def cache_methods(name: str, pipe: Any, tome_methods: Sequence[Method]) -> list[
         model.disable_cache()
 
     settings = {"cache": spec.label}
-    methods = [Method(spec.label, "cache", None, enable, disable, settings=settings)]
-    for tome in tome_methods:
-        methods.append(
-            Method(
-                f"{spec.label} + {tome.name}",
-                "cache + ours",
-                tome.ratio,
-                _both(tome.apply, enable),
-                _both(disable, tome.remove),
-                settings={**settings, **tome.settings},
-            )
-        )
-    return methods
-
-
-def _both(
-    first: Callable[[torch.nn.Module], Any], second: Callable[[torch.nn.Module], Any]
-) -> Callable[[torch.nn.Module], None]:
-    def run(model: torch.nn.Module) -> None:
-        first(model)
-        second(model)
-
-    return run
+    alone = Method(spec.label, "cache", None, enable, disable, settings=settings)
+    return with_tome_rows(alone, tome_methods, "cache + ours")
 
 
 def cache_quality(

@@ -155,6 +155,39 @@ class Method:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+def with_tome_rows(alone: Method, tome_methods: Sequence[Method], family: str) -> list[Method]:
+    """`alone` (another accelerator's row), then a row for each of `tome_methods` stacked on it, in `family`: ToMe put
+    on first and taken off last, the settings of both recorded.
+
+    Example:
+        >>> nothing = Method("cache", "cache", None, lambda m: None, lambda m: None)
+        >>> tome = Method("ours r=0.5", "ours", 0.5, lambda m: None, lambda m: None)
+        >>> [(m.name, m.family) for m in with_tome_rows(nothing, [tome], "cache + ours")]
+        [('cache', 'cache'), ('cache + ours r=0.5', 'cache + ours')]
+    """
+    rows = [alone]
+    for tome in tome_methods:
+        rows.append(
+            Method(
+                f"{alone.name} + {tome.name}",
+                family,
+                tome.ratio,
+                _in_turn(tome.apply, alone.apply),
+                _in_turn(alone.remove, tome.remove),
+                settings={**alone.settings, **tome.settings},
+            )
+        )
+    return rows
+
+
+def _in_turn(first: Apply, second: Apply) -> Callable[[torch.nn.Module], None]:
+    def run(model: torch.nn.Module) -> None:
+        first(model)
+        second(model)
+
+    return run
+
+
 @dataclass
 class Row:
     """The measurements of one method.

@@ -21,13 +21,13 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .engine import BenchSettings, Method, _schedule
+from .engine import BenchSettings, Method, _schedule, with_tome_rows
 from .generate import DenoiserTimer, generate_image, pipeline_call_kwargs
 
 __all__ = [
@@ -130,29 +130,8 @@ def stack_methods(name: str, pipe: Any, tome_methods: Sequence[Method]) -> list[
         helper.disable()
 
     settings = {"stack": spec.help, "cache_interval": DEEPCACHE_INTERVAL, "cache_branch_id": DEEPCACHE_BRANCH}
-    methods = [Method(spec.label, "stack", None, enable, disable, settings=settings)]
-    for tome in tome_methods:
-        methods.append(
-            Method(
-                f"{spec.label} + {tome.name}",
-                "stack + ours",
-                tome.ratio,
-                _both(tome.apply, enable),
-                _both(disable, tome.remove),
-                settings={**settings, **tome.settings},
-            )
-        )
-    return methods
-
-
-def _both(
-    first: Callable[[torch.nn.Module], Any], second: Callable[[torch.nn.Module], Any]
-) -> Callable[[torch.nn.Module], None]:
-    def run(model: torch.nn.Module) -> None:
-        first(model)
-        second(model)
-
-    return run
+    alone = Method(spec.label, "stack", None, enable, disable, settings=settings)
+    return with_tome_rows(alone, tome_methods, "stack + ours")
 
 
 def generations_in_run(methods: int, settings: BenchSettings) -> int:
