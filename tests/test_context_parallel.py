@@ -206,6 +206,30 @@ def _wan_pipeline_case(how: str, two_experts: bool = False) -> dict:
     return dict(plain=plain, first=first, second=second, tokens=seen, experts=[s for s, _ in per_expert], skips=skips)
 
 
+def _op_counts_case(grid: tuple[int, int, int], **tome: Any) -> dict:
+    """The aten ops and host syncs of one warm forward of a tiny Wan with `grid`, without and with ToMe, in one
+    process and under Ulysses-2 (`bench.hostcost.count_aten_ops`)."""
+    from diffusers import ContextParallelConfig
+
+    import tome_processors as tp
+    from tome_processors.bench.hostcost import count_aten_ops
+
+    def counted(model: torch.nn.Module) -> tuple[int, dict]:
+        _forward(model, inputs)  # the first forward builds the grid's layouts and partitions
+        _, ops, syncs = count_aten_ops(lambda: _forward(model, inputs))
+        return sum(ops.values()), dict(syncs)
+
+    model, inputs = _wan(*grid)
+    solo = copy.deepcopy(model)
+    solo_plain = counted(solo)
+    tp.apply_tome(solo, **tome)
+    solo_tome = counted(solo)
+    model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+    parallel_plain = counted(model)
+    tp.apply_tome(model, **tome)
+    return dict(solo_plain=solo_plain, solo_tome=solo_tome, parallel_plain=parallel_plain, parallel_tome=counted(model))
+
+
 def _flux_pipeline_case() -> dict:
     """A tiny FLUX.1 pipeline's whole call (64 px: 4 x 4 tokens, 2 rows a rank), twice with one seed, with its
     transformer under Ulysses-2 and `pipe.enable_tome()` after `enable_parallelism`."""
@@ -329,6 +353,10 @@ def _scenarios() -> dict:
             _first_attention,
             **RATIO,
         )
+    # The host's work of a forward: whole frames, frames from mid-frame with the part of a frame after them, a preset.
+    results["ops-whole"] = _op_counts_case((4, 8, 8), **RATIO)
+    results["ops-mid-frame"] = _op_counts_case((5, 8, 8), st=2, **RATIO)
+    results["ops-balanced"] = _op_counts_case((5, 8, 8), preset="balanced")
     # Tensor parallelism: every rank holds every token.
     results["flux-tp"] = _case(_flux, TensorParallelConfig(tp_degree=2), True, flux_attn, **RATIO)
     return results
@@ -463,6 +491,18 @@ def test_flux_merges_a_shard_that_starts_mid_row_in_its_joint_attention(ranks):
             result["solo_tome"], result["plain"]
         )
     np.testing.assert_array_equal(ranks[0]["flux-mid-row"]["out"], ranks[1]["flux-mid-row"]["out"])
+
+
+@pytest.mark.parametrize("case", ["whole", "mid-frame", "balanced"])
+def test_merging_a_shard_reads_nothing_back_and_adds_no_op_beyond_one_process(ranks, case):
+    # The hot path under context parallelism: no host sync, and ToMe's aten ops per forward as in one process, but
+    # one (the first block's metric cut to the rank's run, where diffusers splits at that block's input).
+    for rank in ranks:
+        counts = rank[f"ops-{case}"]
+        assert all(not syncs for _, syncs in counts.values()), counts
+        one_process = counts["solo_tome"][0] - counts["solo_plain"][0]
+        parallel = counts["parallel_tome"][0] - counts["parallel_plain"][0]
+        assert one_process > 0 and parallel <= one_process + 1, counts
 
 
 def test_flux_under_tensor_parallelism_merges_as_one_process(ranks):
