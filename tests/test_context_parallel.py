@@ -170,10 +170,10 @@ def _case(build, parallel, tome_first: bool, attentions, **tome) -> dict:
     )
 
 
-def _wan_pipeline_case(how: str, two_experts: bool = False) -> dict:
+def _wan_pipeline_case(how: str, two_experts: bool = False, parallel: Any = None) -> dict:
     """A tiny Wan pipeline's whole call, twice with one seed, with its transformer (both, Wan 2.2's two experts) under
-    Ulysses-2 and ToMe turned on `how`, after `enable_parallelism`; the query tokens of each transformer's first
-    block's self-attention."""
+    Ulysses-2 (or `parallel`) and ToMe turned on `how`, after `enable_parallelism`; the query tokens of each
+    transformer's first block's self-attention."""
     import tempfile
     from pathlib import Path
 
@@ -187,7 +187,7 @@ def _wan_pipeline_case(how: str, two_experts: bool = False) -> dict:
     transformers = [pipe.transformer] + ([pipe.transformer_2] if two_experts else [])
     for transformer in transformers:
         transformer.set_attention_backend("native")
-        transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+        transformer.enable_parallelism(config=parallel or ContextParallelConfig(ulysses_degree=2))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         plain = generate(pipe)
@@ -260,6 +260,39 @@ def _flux_pipeline_case() -> dict:
             handle.remove()
     skips = [str(w.message) for w in caught if issubclass(w.category, tp.ToMeSkipWarning)]
     return dict(plain=plain, first=first, second=second, tokens=seen, skips=skips)
+
+
+def _flux_pipeline_tp_case() -> dict:
+    """A tiny FLUX.1 pipeline's whole call with `pipe.enable_tome()` in one process, then with its transformer put
+    under tensor parallelism (ToMe on first), twice with one seed."""
+    import tempfile
+
+    from diffusers import TensorParallelConfig
+
+    import tome_processors as tp
+
+    from pipelines import family_pipeline
+
+    pipe, call = family_pipeline("flux", tempfile.mkdtemp())
+    pipe.transformer.set_attention_backend("native")
+
+    def generate():
+        with torch.no_grad():
+            return pipe(**call, generator=torch.Generator().manual_seed(0)).images
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plain = generate()
+        tp.patch_pipelines()
+        pipe.enable_tome(ratio=0.5)
+        solo_tome = generate()
+        pipe.transformer.enable_parallelism(config=TensorParallelConfig(tp_degree=2))
+        seen, handles = _query_tokens([pipe.transformer.transformer_blocks[0].attn])
+        first, second = generate(), generate()
+        for handle in handles:
+            handle.remove()
+    skips = [str(w.message) for w in caught if issubclass(w.category, tp.ToMeSkipWarning)]
+    return dict(plain=plain, solo_tome=solo_tome, first=first, second=second, tokens=seen, skips=skips)
 
 
 def scenarios(rank: int, world_size: int) -> dict:
@@ -343,6 +376,8 @@ def _scenarios() -> dict:
     for how in ("apply_tome", "set_attn_processor"):
         results[f"wan-pipeline-{how}"] = _wan_pipeline_case(how)
     results["wan22-pipeline"] = _wan_pipeline_case("apply_tome", two_experts=True)
+    results["wan-pipeline-ring"] = _wan_pipeline_case("apply_tome", parallel=ContextParallelConfig(ring_degree=2))
+    results["flux-pipeline-tp"] = _flux_pipeline_tp_case()
     # FLUX.2 and Qwen-Image-Edit with a reference image: its tokens follow the image's in the sequence diffusers
     # splits.
     for name in ("flux2-reference", "qwenimage-edit"):
@@ -543,6 +578,26 @@ def test_a_wan22_pipeline_with_two_experts_under_ulysses_merges_in_both(ranks):
         assert _change(result["first"], result["plain"]) > 0
         assert not result["skips"]
     np.testing.assert_array_equal(ranks[0]["wan22-pipeline"]["first"], ranks[1]["wan22-pipeline"]["first"])
+
+
+def test_a_wan_pipeline_under_ring_attention_gives_the_video_ulysses_gives(ranks):
+    for rank in ranks:
+        result = rank["wan-pipeline-ring"]
+        assert result["tokens"] and set(result["tokens"]) < {1, 2, 3, 4, 5}
+        np.testing.assert_array_equal(result["first"], result["second"])
+        assert not result["skips"]
+        # The same shards merged alike; only how attention gathers the keys differs.
+        np.testing.assert_allclose(result["first"], rank["wan-pipeline-apply_tome"]["first"], atol=1e-4)
+    np.testing.assert_array_equal(ranks[0]["wan-pipeline-ring"]["first"], ranks[1]["wan-pipeline-ring"]["first"])
+
+
+def test_a_flux_pipeline_under_tensor_parallelism_gives_one_process_image(ranks):
+    for result in (rank["flux-pipeline-tp"] for rank in ranks):
+        assert result["tokens"] and set(result["tokens"]) == {8}  # all 16 image tokens on every rank, half merged
+        np.testing.assert_array_equal(result["first"], result["second"])
+        np.testing.assert_allclose(result["first"], result["solo_tome"], atol=1e-4)
+        assert _change(result["solo_tome"], result["plain"]) > 0
+        assert not result["skips"]
 
 
 def test_a_processor_set_after_enable_parallelism_attends_over_every_rank(ranks):
