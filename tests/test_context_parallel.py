@@ -230,9 +230,10 @@ def _op_counts_case(grid: tuple[int, int, int], **tome: Any) -> dict:
     return dict(solo_plain=solo_plain, solo_tome=solo_tome, parallel_plain=parallel_plain, parallel_tome=counted(model))
 
 
-def _flux_pipeline_case() -> dict:
-    """A tiny FLUX.1 pipeline's whole call (64 px: 4 x 4 tokens, 2 rows a rank), twice with one seed, with its
-    transformer under Ulysses-2 and `pipe.enable_tome()` after `enable_parallelism`."""
+def _flux_pipeline_case(parallel: Any = None, tome_first: bool = False) -> dict:
+    """A tiny FLUX.1 pipeline's whole call (64 px: 4 x 4 tokens, 2 rows a rank under Ulysses), twice with one seed,
+    with its transformer under Ulysses-2 (or `parallel`) and `pipe.enable_tome()` after `enable_parallelism` (or,
+    `tome_first`, before: then also the call in one process with ToMe, `solo_tome`)."""
     import tempfile
 
     from diffusers import ContextParallelConfig
@@ -243,50 +244,25 @@ def _flux_pipeline_case() -> dict:
 
     pipe, call = family_pipeline("flux", tempfile.mkdtemp())
     pipe.transformer.set_attention_backend("native")
-    pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
 
     def generate():
         with torch.no_grad():
             return pipe(**call, generator=torch.Generator().manual_seed(0)).images
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        plain = generate()
-        tp.patch_pipelines()
-        pipe.enable_tome(ratio=0.5)
-        seen, handles = _query_tokens([pipe.transformer.transformer_blocks[0].attn])
-        first, second = generate(), generate()
-        for handle in handles:
-            handle.remove()
-    skips = [str(w.message) for w in caught if issubclass(w.category, tp.ToMeSkipWarning)]
-    return dict(plain=plain, first=first, second=second, tokens=seen, skips=skips)
-
-
-def _flux_pipeline_tp_case() -> dict:
-    """A tiny FLUX.1 pipeline's whole call with `pipe.enable_tome()` in one process, then with its transformer put
-    under tensor parallelism (ToMe on first), twice with one seed."""
-    import tempfile
-
-    from diffusers import TensorParallelConfig
-
-    import tome_processors as tp
-
-    from pipelines import family_pipeline
-
-    pipe, call = family_pipeline("flux", tempfile.mkdtemp())
-    pipe.transformer.set_attention_backend("native")
-
-    def generate():
-        with torch.no_grad():
-            return pipe(**call, generator=torch.Generator().manual_seed(0)).images
+    def parallelize():
+        pipe.transformer.enable_parallelism(config=parallel or ContextParallelConfig(ulysses_degree=2))
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
+        solo_tome = None
+        if not tome_first:
+            parallelize()
         plain = generate()
         tp.patch_pipelines()
         pipe.enable_tome(ratio=0.5)
-        solo_tome = generate()
-        pipe.transformer.enable_parallelism(config=TensorParallelConfig(tp_degree=2))
+        if tome_first:
+            solo_tome = generate()
+            parallelize()
         seen, handles = _query_tokens([pipe.transformer.transformer_blocks[0].attn])
         first, second = generate(), generate()
         for handle in handles:
@@ -377,7 +353,7 @@ def _scenarios() -> dict:
         results[f"wan-pipeline-{how}"] = _wan_pipeline_case(how)
     results["wan22-pipeline"] = _wan_pipeline_case("apply_tome", two_experts=True)
     results["wan-pipeline-ring"] = _wan_pipeline_case("apply_tome", parallel=ContextParallelConfig(ring_degree=2))
-    results["flux-pipeline-tp"] = _flux_pipeline_tp_case()
+    results["flux-pipeline-tp"] = _flux_pipeline_case(TensorParallelConfig(tp_degree=2), tome_first=True)
     # FLUX.2 and Qwen-Image-Edit with a reference image: its tokens follow the image's in the sequence diffusers
     # splits.
     for name in ("flux2-reference", "qwenimage-edit"):
