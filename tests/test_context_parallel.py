@@ -230,6 +230,29 @@ def _op_counts_case(grid: tuple[int, int, int], **tome: Any) -> dict:
     return dict(solo_plain=solo_plain, solo_tome=solo_tome, parallel_plain=parallel_plain, parallel_tome=counted(model))
 
 
+def _mixed_st_case() -> dict:
+    """A tiny Wan of 5 frames (each rank's run counted in frames from mid-frame) with ToMe across frames (`st=2`),
+    one attention's processor then replaced by one that merges frame by frame (`st=1`): what each attention got, and
+    the warnings."""
+    from diffusers import ContextParallelConfig
+
+    import tome_processors as tp
+
+    model, inputs = _wan(5, 8, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tp.apply_tome(model, st=2, **RATIO)
+        model.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
+        model.blocks[1].attn1.set_processor(tp.ToMeProcessor(**RATIO))
+        seen, handles = _query_tokens([block.attn1 for block in model.blocks])
+        _forward(model, inputs)
+        _forward(model, inputs)
+        for handle in handles:
+            handle.remove()
+    skips = [str(w.message) for w in caught if issubclass(w.category, tp.ToMeSkipWarning)]
+    return dict(tokens=seen, skips=skips)
+
+
 def _flux_pipeline_case(parallel: Any = None, tome_first: bool = False) -> dict:
     """A tiny FLUX.1 pipeline's whole call (64 px: 4 x 4 tokens, 2 rows a rank under Ulysses), twice with one seed,
     with its transformer under Ulysses-2 (or `parallel`) and `pipe.enable_tome()` after `enable_parallelism` (or,
@@ -364,6 +387,7 @@ def _scenarios() -> dict:
             _first_attention,
             **RATIO,
         )
+    results["wan-mixed-st"] = _mixed_st_case()
     # The host's work of a forward: whole frames, frames from mid-frame with the part of a frame after them, a preset.
     results["ops-whole"] = _op_counts_case((4, 8, 8), **RATIO)
     results["ops-mid-frame"] = _op_counts_case((5, 8, 8), st=2, **RATIO)
@@ -438,6 +462,13 @@ def test_a_shard_that_starts_mid_frame_merges_windows_across_its_frames(ranks):
             result["solo_tome"], result["plain"]
         )
     np.testing.assert_array_equal(ranks[0]["wan-mid-frame-st2"]["out"], ranks[1]["wan-mid-frame-st2"]["out"])
+
+
+def test_frame_by_frame_merging_of_a_shard_counted_from_mid_frame_says_so_once(ranks):
+    for result in (rank["wan-mixed-st"] for rank in ranks):
+        assert result["tokens"] == [20, 40, 20, 40]  # block 0 merges across frames; block 1 (st=1) cannot, twice
+        assert len(result["skips"]) == 1, result["skips"]
+        assert "blocks.1.attn1" in result["skips"][0] and "frame by frame (st=1)" in result["skips"][0]
 
 
 def test_presets_merge_under_context_parallelism(ranks):

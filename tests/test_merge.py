@@ -65,7 +65,7 @@ def test_tokens_after_the_box_are_edges_that_merge_into_the_window_at_their_plac
     for j, window in enumerate(layout.source_window[-extra:].tolist()):
         # the covered token at the same place, one row (frame) back, clamped into the full windows
         if frames == 1:
-            above = min(h, 2 * (h // 2)) * w - w + j  # the last covered row
+            above = (2 * (h // 2) - 1) * w + j  # the last covered row
             assert window == box.window_of_token[above].item()
         else:
             last = (frames // st) * st - 1

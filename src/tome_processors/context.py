@@ -39,7 +39,7 @@ _MAX_KEPT_MERGES = 256  # bound on merges kept for reuse across blocks/steps
 class Grid(NamedTuple):
     """A block's token grid: `h x w` tokens at `downsample` times below the latent, in each of `frames` frames, then
     `extra` tokens that start one more frame (one more row of a single frame): a context-parallel rank's run that
-    ends inside a frame or row (`parallel.LocalGrid.tail`), merged as edges (`GridLayout.extra`)."""
+    ends inside a frame or row (`parallel.LocalGrid.extra`), merged as edges (`GridLayout.extra`)."""
 
     h: int
     w: int
@@ -526,7 +526,7 @@ class BlockState:
         height, width = self.model.latent_hw
         frames = self.model.frames
         shard = self.model.shard
-        extra = shard.tail if shard is not None else 0
+        extra = shard.extra if shard is not None else 0
         if extra:  # a context-parallel rank's run that ends inside a frame or row: one level, no downsampling
             whole = frames * height * width
             return Grid(height, width, 1, frames, extra) if num_tokens == whole + extra else None
@@ -694,7 +694,7 @@ class BlockState:
         if grid.frames > 1 and grid.frames // config.st == 0:
             return Skip.FEW_FRAMES
         if grid.extra and grid.frames > 1 and config.st == 1:
-            return Skip.SHARD  # a rank's frames counted from mid-frame: merged across frames only (`LocalGrid`)
+            return Skip.SHARD_FRAMES  # a rank's frames counted from mid-frame (`LocalGrid`) pair across frames only
         r = min(int(num_tokens * ratio), _num_sources(grid, config))
         if grid.frames > 1 and config.st == 1:
             r -= r % grid.frames  # merged frame by frame: as many tokens from every frame

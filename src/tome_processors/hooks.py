@@ -165,13 +165,13 @@ class ModelHooks:
         if shards is not None:  # context parallelism: this rank's blocks see one run of the tokens
             # Image tokens beyond the grid's that the family passes through (Qwen-Image-Edit's reference image)
             # split with it as one sequence, as a tail does.
-            beyond = self._tokens_beyond_grid(args, kwargs, frames * grid[-2] * grid[-1])
-            shard = self._local_grid(model, grid[-2:], frames, shards, tail or beyond)
+            tail = tail or self._tokens_beyond_grid(args, kwargs, frames * grid[-2] * grid[-1])
+            shard = self._local_grid(model, grid[-2:], frames, shards, tail)
             if shard is None:
                 state.reset()
                 state.forward_skip = Skip.SHARD  # said once by `_local_grid`; the attentions say no more
                 return
-            grid, frames = (shard.h, shard.w), shard.frames  # and `shard.tail`: `BlockState.grid` reads it
+            grid, frames = (shard.h, shard.w), shard.frames  # and `shard.extra`: `BlockState.grid` reads it
         if not is_compiling() and not self.warned_small_grid and (grid[-2:], frames) != (state.latent_hw, state.frames):
             self._warn_if_too_small(model, grid[-2:], frames)  # once per grid, not every step
         paying = None
@@ -535,7 +535,7 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
         hidden_states = hidden_states[:, shard.start : shard.start + shard.tokens]
     latent_hw = model.latent_hw
     if site is not None and latent_hw is not None:
-        grid_tokens = latent_hw[0] * latent_hw[1] + (shard.tail if shard is not None else 0)
+        grid_tokens = latent_hw[0] * latent_hw[1] + (shard.extra if shard is not None else 0)
         hidden_states = site.metric(hidden_states, grid_tokens, model.tail)
     block_state.metric = hidden_states
     block_state.prepare()

@@ -310,7 +310,7 @@ class GridLayout:
         frames, st: the grid's frames and the frames a window spans.
         extra: tokens after the `frames x h x w` box, fewer than a frame (a row where the grid is one frame):
             the start of one more frame (row), all edges, each taking the full window nearest to its place
-            in that frame (row). A context-parallel rank's run of tokens ends so (`parallel.LocalGrid.tail`).
+            in that frame (row). A context-parallel rank's run of tokens ends so (`parallel.LocalGrid.extra`).
     """
 
     h: int

@@ -12,7 +12,7 @@ A shard is merged as:
   `H x W` tokens counted from the shard's first token. Each such frame is a real frame's last rows above the next
   frame's first rows (the frame's rows turned by the shard's offset), and the same token of the next such frame is
   the same place one frame later, so windows across frames pair the same places, as in one process; the tokens after
-  the last whole such frame (`tail`, less than a frame) are merged as the grid's edges: each may merge into the
+  the last whole such frame (`extra`, less than a frame) are merged as the grid's edges: each may merge into the
   window at its own place one frame earlier (`GridLayout.extra`);
 - else rows of the image's width, counted from the shard's first token: one grid of `N / (P W)` rows, merged as an
   image (a shard that starts mid-frame holds the end of one frame above the start of the next, so a window may span
@@ -20,17 +20,17 @@ A shard is merged as:
   Where the shard starts mid-row (Wan at 720p: 45 rows a frame, 21 frames, on 2, 4 or 8 ranks), each of its rows is
   the end of one image row followed by the start of the next: the image's columns turned by the shard's offset, so
   every vertical neighbour is a real one and one horizontal pair a row is not. The tokens after the last whole row of
-  the shard (`tail`, fewer than a row) are edges that may merge into the window above them; every rank holds as many
-  rows and as long a tail, so every rank merges as many tokens;
+  the shard (`extra`, fewer than a row) are edges that may merge into the window above them; every rank holds as many
+  rows and as long a rest, so every rank merges as many tokens;
 - else (a shard shorter than one row, or tokens that do not divide by P) not at all, with one warning (skips.py).
 
 Example:
     >>> local_grid((4, 8, 8), Shards(2, 1))
-    LocalGrid(frames=2, h=8, w=8, start=128, whole_tokens=256, tail=0)
+    LocalGrid(frames=2, h=8, w=8, start=128, whole_tokens=256, extra=0)
     >>> local_grid((1, 8, 6), Shards(4, 0)).h
     2
     >>> local_grid((3, 3, 4), Shards(2, 1))  # 18 tokens a rank: 4 rows of 4 from token 18 on, and 2 after them
-    LocalGrid(frames=1, h=4, w=4, start=18, whole_tokens=36, tail=2)
+    LocalGrid(frames=1, h=4, w=4, start=18, whole_tokens=36, extra=2)
 """
 
 from __future__ import annotations
@@ -61,12 +61,12 @@ class LocalGrid:
     whole_tokens: int
     #: Tokens after the grid's (a shard that ends mid-row or mid-frame): fewer than a frame (a row where `frames`
     #: is 1), merged as the grid's edges (`GridLayout.extra`).
-    tail: int = 0
+    extra: int = 0
 
     @property
     def tokens(self) -> int:
         """The tokens this rank holds."""
-        return self.frames * self.h * self.w + self.tail
+        return self.frames * self.h * self.w + self.extra
 
 
 def sequence_shards(model: torch.nn.Module) -> Shards | None:
@@ -101,9 +101,9 @@ def local_grid(grid: tuple[int, ...], shards: Shards, window_frames: int = 1) ->
 
     Example:
         >>> local_grid((3, 4, 4), Shards(2, 0))  # 24 tokens: 6 rows of 4, across frames 0 and 1
-        LocalGrid(frames=1, h=6, w=4, start=0, whole_tokens=48, tail=0)
+        LocalGrid(frames=1, h=6, w=4, start=0, whole_tokens=48, extra=0)
         >>> local_grid((5, 2, 4), Shards(2, 1), window_frames=2)  # 20 tokens from mid-frame: 2 frames of 8, 4 after
-        LocalGrid(frames=2, h=2, w=4, start=20, whole_tokens=40, tail=4)
+        LocalGrid(frames=2, h=2, w=4, start=20, whole_tokens=40, extra=4)
         >>> local_grid((1, 3, 3), Shards(2, 0)) is None
         True
     """
@@ -117,7 +117,7 @@ def local_grid(grid: tuple[int, ...], shards: Shards, window_frames: int = 1) ->
         return LocalGrid(frames // shards.count, height, width, start, whole)
     frame = height * width
     if frames > 1 and window_frames > 1 and tokens // frame >= window_frames:  # frames from the shard's first token
-        return LocalGrid(tokens // frame, height, width, start, whole, tail=tokens % frame)
-    if tokens >= width:  # rows of the width from the shard's first token; what is left of a row after them: the tail
-        return LocalGrid(1, tokens // width, width, start, whole, tail=tokens % width)
+        return LocalGrid(tokens // frame, height, width, start, whole, extra=tokens % frame)
+    if tokens >= width:  # rows of the width from the shard's first token; what is left of a row after them: `extra`
+        return LocalGrid(1, tokens // width, width, start, whole, extra=tokens % width)
     return None

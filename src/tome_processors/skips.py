@@ -62,6 +62,11 @@ class Skip(enum.Enum):
     FEWER_TOKENS = ("fewer tokens than its block's grid holds", False)
     ROTARY = ("rotary tables of a shape ToMe does not know, or that do not cover the merged sequence", False)
     SHARD = ("a shard of the tokens under context parallelism that forms no grid of whole rows", False)
+    SHARD_FRAMES = (
+        "a context-parallel shard counted in frames from mid-frame, which merges across frames (st > 1) only, under "
+        "a configuration that merges frame by frame (st=1) where the model's merges across frames",
+        False,
+    )
     KV_JOINT = ("joint attention, which K/V pooling (mode='downsample_kv') cannot reach", False)
     # Chosen by the configuration: logged, not warned about.
     PAYS = ("the pays rule (pays_only), which turns merging off where it would not save time", True)
