@@ -363,7 +363,9 @@ def _scenarios() -> dict:
     results["flux-mid-row"] = _case(
         lambda: _flux(5, 4), ContextParallelConfig(ulysses_degree=2), True, flux_attn, **RATIO
     )
-    for name in OTHER_FAMILIES:
+    # The other families with a plan, and FLUX.2 and Qwen-Image-Edit with a reference image, whose tokens follow the
+    # image's in the sequence diffusers splits.
+    for name in (*OTHER_FAMILIES, "flux2-reference", "qwenimage-edit"):
         results[name] = _case(
             lambda name=name: _other_family(name),
             ContextParallelConfig(ulysses_degree=2),
@@ -377,16 +379,6 @@ def _scenarios() -> dict:
     results["wan22-pipeline"] = _wan_pipeline_case("apply_tome", two_experts=True)
     results["wan-pipeline-ring"] = _wan_pipeline_case("apply_tome", parallel=ContextParallelConfig(ring_degree=2))
     results["flux-pipeline-tp"] = _flux_pipeline_case(TensorParallelConfig(tp_degree=2), tome_first=True)
-    # FLUX.2 and Qwen-Image-Edit with a reference image: its tokens follow the image's in the sequence diffusers
-    # splits.
-    for name in ("flux2-reference", "qwenimage-edit"):
-        results[name] = _case(
-            lambda name=name: _other_family(name),
-            ContextParallelConfig(ulysses_degree=2),
-            True,
-            _first_attention,
-            **RATIO,
-        )
     results["wan-mixed-st"] = _mixed_st_case()
     # The host's work of a forward: whole frames, frames from mid-frame with the part of a frame after them, a preset.
     results["ops-whole"] = _op_counts_case((4, 8, 8), **RATIO)
