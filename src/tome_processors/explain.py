@@ -9,17 +9,10 @@ import torch
 
 from .apply import target_models
 from .config import PRESETS, Preset, ToMeConfig
-from .families import family_of
+from .families import Family, family_of
 from .hooks import context_of
 from .pays import decide, group_of, predicted_speedup, site_shapes, site_tokens
 
-#: Pixels per latent pixel of the VAE a family's released pipelines use, where it is not 8: a bare model's, as
-#: a pipeline's own `vae_scale_factor` (or its spatial one) says it for the pipeline.
-_VAE_FACTOR = {"ltx": 32, "ltx2": 32, "hunyuanvideo15": 16}
-#: The families whose pipelines pack 2 x 2 latent pixels into one token (their models' `patch_size` is 1).
-_PACKED = frozenset({"flux", "chroma", "flux2", "qwenimage", "zimage"})
-#: Pixel frames per latent frame of the video families (the VAE's stride in time), as for `_VAE_FACTOR`.
-_FRAMES_PER_LATENT = {"wan": 4, "hunyuanvideo": 4, "hunyuanvideo15": 4, "ltx": 8, "ltx2": 8}
 #: A pipeline's attributes for the VAE's factor in space and in time, in the order they are read.
 _PIPELINE_SPATIAL = ("vae_scale_factor_spatial", "vae_spatial_compression_ratio", "vae_scale_factor")
 _PIPELINE_TEMPORAL = ("vae_scale_factor_temporal", "vae_temporal_compression_ratio")
@@ -153,21 +146,23 @@ def _pipeline_factor(pipe: Any, names: tuple[str, ...]) -> int | None:
     return None
 
 
-def pixels_per_token(model: torch.nn.Module, family_name: str, vae_factor: int | None = None) -> int:
-    """Pixels per token side of `model`: the VAE's factor (`vae_factor`, else the family's usual one) times
-    the latent pixels per token (the model's `config.patch_size`, 2 where the pipeline packs latents).
+def pixels_per_token(model: torch.nn.Module, family: Family, vae_factor: int | None = None) -> int:
+    """Pixels per token side of `model`: the VAE's factor (`vae_factor`, else the family's
+    `Family.vae_scale_factor`) times the latent pixels per token (`Family.pipeline_patch` where the pipeline packs
+    latents, else the model's `config.patch_size`).
 
     Example:
         >>> from types import SimpleNamespace
+        >>> from tome_processors.families import FAMILIES
         >>> pixart = SimpleNamespace(config=SimpleNamespace(patch_size=2))
         >>> unet = SimpleNamespace(config=SimpleNamespace())
-        >>> pixels_per_token(pixart, "pixart"), pixels_per_token(unet, "unet", vae_factor=2)
+        >>> pixels_per_token(pixart, FAMILIES["pixart"]()), pixels_per_token(unet, FAMILIES["unet"](), vae_factor=2)
         (16, 2)
     """
-    patch: Any = 2 if family_name in _PACKED else getattr(model.config, "patch_size", 1)
+    patch: Any = family.pipeline_patch or getattr(model.config, "patch_size", 1)
     if isinstance(patch, (tuple, list)):  # Wan's (frames, height, width)
         patch = patch[-1]
-    return (vae_factor or _VAE_FACTOR.get(family_name, 8)) * int(patch or 1)
+    return (vae_factor or family.vae_scale_factor) * int(patch or 1)
 
 
 def _settings(model: torch.nn.Module, config: ToMeConfig | None, preset: str | None) -> list[tuple[str, ToMeConfig]]:
@@ -194,11 +189,11 @@ def _explain_model(
 ) -> list[SiteExplanation]:
     family = family_of(model)
     device_type = device_type or next((p.device.type for p in model.parameters()), "cpu")
-    stride = pixels_per_token(model, family.name, scale.spatial)
+    stride = pixels_per_token(model, family, scale.spatial)
     grid = (max(height // stride, 1), max(width // stride, 1))
     frames = 1
     if family.video:
-        stride_t = scale.temporal or _FRAMES_PER_LATENT.get(family.name, 4)
+        stride_t = scale.temporal or family.frames_per_latent
         frames = 1 + (max(num_frames or 1, 1) - 1) // stride_t
     shapes = site_shapes(model, family, family.blocks(model))
     group = group_of(family.name)

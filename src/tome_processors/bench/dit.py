@@ -39,9 +39,12 @@ from diffusers import (
     ZImageTransformer2DModel,
 )
 
+from .archs import ARCHS, ArchInputs, LatentShape
 from .meta import constructed_on
 
 __all__ = [
+    "DECLARED_IMAGE_ARCHITECTURES",
+    "DECLARED_VIDEO_ARCHITECTURES",
     "HUNYUANVIDEO15_CONTEXT",
     "QUICK_TEXT_TOKENS",
     "VIDEO_ARCHITECTURES",
@@ -355,6 +358,18 @@ LTX2_FRAME_RATE = 24.0
 #: Text tokens for the `--quick` models.
 QUICK_TEXT_TOKENS = 16
 
+# The architectures declared in `bench.archs` (one module per family group) join the tables above.
+_FULL.update({name: arch.full for name, arch in ARCHS.items()})
+_QUICK.update({name: arch.quick for name, arch in ARCHS.items()})
+TEXT_TOKENS.update({name: arch.text_tokens for name, arch in ARCHS.items()})
+#: The video architectures declared in `bench.archs`.
+DECLARED_VIDEO_ARCHITECTURES = tuple(name for name, arch in ARCHS.items() if arch.video is not None)
+VIDEO_ARCHITECTURES = (*VIDEO_ARCHITECTURES, *DECLARED_VIDEO_ARCHITECTURES)
+VIDEO_DEFAULTS.update({name: (a.video.height, a.video.width, a.video.frames) for name, a in ARCHS.items() if a.video})
+VIDEO_STRIDES.update({name: (a.video.time_stride, a.video.space_stride) for name, a in ARCHS.items() if a.video})
+#: The image architectures declared in `bench.archs` (forwards only: no random-weight pipeline in bench/).
+DECLARED_IMAGE_ARCHITECTURES = tuple(name for name, arch in ARCHS.items() if arch.video is None)
+
 
 _MODEL_CLASSES: dict[str, type] = {
     "pixart": PixArtTransformer2DModel,
@@ -370,6 +385,7 @@ _MODEL_CLASSES: dict[str, type] = {
     "hunyuanvideo": HunyuanVideoTransformer3DModel,
     "hunyuanvideo15": HunyuanVideo15Transformer3DModel,
     "wan-i2v": WanTransformer3DModel,
+    **{name: arch.model_class for name, arch in ARCHS.items()},
 }
 
 
@@ -401,7 +417,8 @@ def build_transformer(
         raise ValueError(f"Expected layers >= 1, but got {layers}.")
     config = dict((_QUICK if quick else _FULL)[arch])
     if layers is not None:
-        config.update({name: min(config[name], layers) for name in _DEPTH_FIELDS if name in config})
+        depth = ARCHS[arch].depth_fields if arch in ARCHS else _DEPTH_FIELDS
+        config.update({name: min(config[name], layers) for name in depth if name in config})
     torch.manual_seed(seed)
     if device is None and dtype is None:
         return _MODEL_CLASSES[arch](**config).eval()
@@ -479,6 +496,20 @@ def make_transformer_inputs(
 
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g).to(device, dtype)
+
+    declared = ARCHS.get(arch)
+    if declared is not None:  # as its pipeline calls the model (`bench.archs`)
+        if declared.video is not None:
+            clip = declared.video
+            latent = (
+                latent_frames(arch, frames or clip.frames),
+                resolution // clip.space_stride,
+                (width or clip.width) // clip.space_stride,
+            )
+        else:
+            latent = (1, resolution // declared.space_stride, resolution // declared.space_stride)
+        shape = LatentShape(batch, *latent, text_tokens=text_len)
+        return TransformerInputs(declared.inputs(ArchInputs(model, shape, randn, device, dtype, quick)))
 
     if arch == "pixart":
         added = None

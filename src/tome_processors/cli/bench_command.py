@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from ..bench.caches import CACHES
-from ..bench.dit import VIDEO_ARCHITECTURES, VIDEO_STRIDES
+from ..bench.dit import DECLARED_IMAGE_ARCHITECTURES, DECLARED_VIDEO_ARCHITECTURES, VIDEO_ARCHITECTURES, VIDEO_STRIDES
 from ..bench.hires import HIRES_ARCHITECTURES
 from ..bench.image_pipelines import IMAGE_PIPELINE_ARCHITECTURES
 from ..bench.image_to_video import missing_requirements
@@ -62,7 +62,7 @@ _COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no
 #: The newer image transformers (their random-weight pipelines: `bench.image_pipelines`).
 _NEW_TRANSFORMERS = IMAGE_PIPELINE_ARCHITECTURES
 #: Video transformers measured on single forwards only (no random-weight pipeline of theirs in bench/).
-_FORWARD_ONLY = ("ltx2", "hunyuanvideo", "hunyuanvideo15")
+_FORWARD_ONLY = ("ltx2", "hunyuanvideo", "hunyuanvideo15", *DECLARED_IMAGE_ARCHITECTURES, *DECLARED_VIDEO_ARCHITECTURES)
 #: Random-weight pipelines whose scheduler stretches its sigmas to a terminal value (`shift_terminal`): one step
 #: makes its only sigma 0 / 0, a NaN image.
 _TERMINAL_SHIFT = ("qwenimage", "ltx")
@@ -78,7 +78,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", default=None, help="a local diffusers folder (pipeline or unet) or a hub id")
     what.add_argument(
         "--arch",
-        choices=["sd15", "sd2", "sdxl", "pixart", "sd3", "flux", *_NEW_TRANSFORMERS, "svd", *VIDEO_ARCHITECTURES],
+        choices=[
+            "sd15",
+            "sd2",
+            "sdxl",
+            "pixart",
+            "sd3",
+            "flux",
+            *_NEW_TRANSFORMERS,
+            *DECLARED_IMAGE_ARCHITECTURES,
+            "svd",
+            *VIDEO_ARCHITECTURES,
+        ],  # fmt: skip
         default=None,
         help="a real UNet or diffusion-transformer architecture with random weights (default sd15 when no --model)",
     )
@@ -330,7 +341,7 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
         videos = ", ".join(VIDEO_ARCHITECTURES)
         fail(f"Expected --frames only with a video --arch ({videos}, svd), but got --arch {args.arch}.")
     unet_arch = args.model is None and not args.quick and (args.arch or "sd15") in UNET_ARCHITECTURES
-    layered = ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS)
+    layered = ("pixart", "sd3", "flux", *VIDEO_ARCHITECTURES, *_NEW_TRANSFORMERS, *DECLARED_IMAGE_ARCHITECTURES)
     if args.layers is not None and args.arch not in layered and not unet_arch:
         fail(f"Expected --layers with a diffusion-transformer --arch or sd15, sd2, sdxl, but got --arch {args.arch}.")
     _check_proxy(args, fail, unet_arch)
@@ -475,7 +486,7 @@ def _check_pipeline(args: argparse.Namespace, fail: Any) -> None:
             f"Expected --steps >= 2 for the {args.arch} pipeline (its scheduler stretches the sigmas to a terminal "
             f"value, which one step makes NaN), but got {args.steps}."
         )
-    transformer = args.arch in ("pixart", "sd3", "flux", *_NEW_TRANSFORMERS)
+    transformer = args.arch in ("pixart", "sd3", "flux", *_NEW_TRANSFORMERS, *DECLARED_IMAGE_ARCHITECTURES)
     if transformer and args.resolution is not None and args.resolution % 16:
         fail(f"Expected --resolution to be a multiple of 16 for the {args.arch} pipeline, but got {args.resolution}.")
     if args.arch == "wan-i2v" and args.model is None:

@@ -250,6 +250,15 @@ class Family:
     #: attention class's default (Qwen-Image's `Attention` modules: `QwenDoubleStreamAttnProcessor2_0`).
     built_with: type | None = None
 
+    #: Pixels per latent pixel of the VAE the family's released pipelines use (`explain_tome` on a bare model;
+    #: a pipeline's own `vae_scale_factor` wins): 8, 16 on HunyuanVideo 1.5, 32 on LTX.
+    vae_scale_factor = 8
+    #: Latent pixels per token side where the pipeline packs latents itself (FLUX: 2 x 2 latent pixels a token,
+    #: the model's `patch_size` 1); None where the model's `config.patch_size` says it.
+    pipeline_patch: int | None = None
+    #: Pixel frames per latent frame of a video family's VAE (its stride in time): 4 on Wan, 8 on LTX.
+    frames_per_latent = 4
+
     def matches(self, model: torch.nn.Module) -> bool:
         if self.model_class is None:
             raise NotImplementedError

@@ -29,6 +29,7 @@ class IdsGridFamily(Family):
 
     needs_row_token = True
     rotary = Rotary()
+    pipeline_patch = 2  # the Flux-like pipelines pack 2 x 2 latent pixels into one token
     timestep_scale = 1000.0  # the Flux pipelines pass sigma (0..1) as the timestep
     merge_only = True
     ids_position = 4

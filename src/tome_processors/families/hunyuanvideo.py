@@ -72,6 +72,7 @@ class HunyuanVideo15Family(HunyuanVideoFamily):
     """
 
     name = "hunyuanvideo15"
+    vae_scale_factor = 16
     model_class = HunyuanVideo15Transformer3DModel
     stacks = (
         Stack(

@@ -27,6 +27,8 @@ class LTXVideoFamily(WanFamily):
     # the same reason, and Wan's presets (docs/video.md): both are video transformers whose self-attention
     # sees every frame's tokens with 3-D rotary positions; measured on the trained Wan-shaped video model.
     name = "ltx"
+    vae_scale_factor = 32
+    frames_per_latent = 8
     model_class = LTXVideoTransformer3DModel
     block_list = "transformer_blocks"
     feed_forward = "ff"

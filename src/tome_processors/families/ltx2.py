@@ -34,6 +34,8 @@ class LTX2Family(LTXVideoFamily):
     # LTX-Video's declaration and Wan's presets (docs/video.md), measured on the trained Wan-shaped video
     # model, not on LTX-2 itself (its speed on a GPU: docs/benchmarks.md).
     name = "ltx2"
+    vae_scale_factor = 32
+    frames_per_latent = 8
     model_class = LTX2VideoTransformer3DModel
     rotary = Rotary(name="query_rotary_emb", position=2, covers_text=False, batched=True)
     timestep_position = 4

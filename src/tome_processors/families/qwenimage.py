@@ -26,6 +26,7 @@ class QwenImageFamily(Family):
     guidance_in_batch = False  # called once per guidance branch, at batch 1
 
     name = "qwenimage"
+    pipeline_patch = 2  # its pipelines pack 2 x 2 latent pixels into one token
     built_with = QwenDoubleStreamAttnProcessor2_0
     model_class = QwenImageTransformer2DModel
     stacks = (Stack("transformer_blocks", Layout.JOINT, feed_forward="img_mlp", span=Span.LEADING),)

@@ -25,6 +25,7 @@ class ZImageFamily(Family):
     """
 
     name = "zimage"
+    pipeline_patch = 2  # its model patchifies 2 x 2 latent pixels (`patch_size` is a forward argument)
     built_with = ZSingleStreamAttnProcessor
     model_class = ZImageTransformer2DModel
     stacks = (
