@@ -170,3 +170,21 @@ def test_apply_tome_refuses_k_v_pooling():
     for build in (tiny_krea2, tiny_flux3, tiny_longcat):
         with pytest.raises(ValueError, match='Expected mode="merge"'):
             tp.apply_tome(build(), mode="downsample_kv")
+
+
+@pytest.mark.parametrize("arch", ["krea2", "flux3", "longcat_image"])
+def test_bench_architectures_build_and_merge_as_their_pipelines_call_them(arch):
+    from tome_processors.bench.dit import TEXT_TOKENS, build_transformer, make_transformer_inputs
+
+    assert TEXT_TOKENS[arch] == 512
+    model = build_transformer(arch, quick=True)
+    family = family_of(model)
+    assert family.name == arch and len(family.blocks(build_transformer(arch, quick=True, layers=1))) < len(
+        family.blocks(model)
+    )
+    inputs = make_transformer_inputs(model, arch, batch=2, resolution=96, text_tokens=9)  # 6 x 6 tokens
+    assert family.token_grid(model, (), inputs.kwargs) == (6, 6)
+    plain = inputs.run(model)
+    tp.apply_tome(model, ratio=0.5)
+    merged = inputs.run(model)
+    assert merged.shape == plain.shape and torch.isfinite(merged).all() and not torch.allclose(merged, plain)

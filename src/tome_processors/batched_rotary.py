@@ -33,7 +33,8 @@ __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sa
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
 #: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5) or
-#: `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image). Exact types: a subclass may read the table some other way.
+#: `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image). Exact types: a subclass may read the table some
+#: other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
         FluxAttnProcessor,

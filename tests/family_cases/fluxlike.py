@@ -75,9 +75,10 @@ def tiny_krea2_pipeline(folder: Path) -> Krea2Pipeline:
     suffix after the padding, the prefix cropped."""
     tokenizer = write_qwen_tokenizer(folder / "qwen")
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]}
     text = dict(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=16, num_hidden_layers=1,
                 num_attention_heads=2, num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]})
+                rope_parameters=rope)  # fmt: skip
     vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=16,
                   deepstack_visual_indexes=[], num_position_embeddings=16)  # fmt: skip
     torch.manual_seed(0)
@@ -167,10 +168,12 @@ def longcat_inputs(batch: int = 2, reference: bool = False) -> dict:
 def tiny_longcat_pipeline(folder: Path) -> LongCatImagePipeline:
     """LongCat-Image's pipeline, random weights: Qwen2.5-VL of one layer, a one-level 16-channel VAE (2 px a latent
     pixel: 32 px are 8 x 8 tokens) and `tiny_longcat`. The prompt is padded to the pipeline's 512 tokens. Its
-    `text_processor` serves only prompt rewriting (`enable_prompt_rewrite`), off here: none is given."""
+    `text_processor` serves only prompt rewriting (`enable_prompt_rewrite`, which generates text with the
+    encoder), turned off in the call: none is given."""
     tokenizer = write_qwen_tokenizer(folder / "qwen")
     text = {"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2}
     text |= {"num_key_value_heads": 2, "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default"}}
+    text |= {"vocab_size": len(tokenizer)}  # (its logits over the prompt are computed, though unused)
     vision = {"depth": 1, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16}
     torch.manual_seed(0)
     config = Qwen2_5_VLConfig(
@@ -199,7 +202,7 @@ CASES = (
     FamilyCase("longcat_image", "longcat_image", tiny_longcat, longcat_inputs, merged_calls=3,
                pipeline=PipelineCase(tiny_longcat_pipeline, dict(prompt="a cat", negative_prompt="dark",
                                      guidance_scale=2.0, num_inference_steps=2, height=32, width=32,
-                                     output_type="pt"), 32, 32)),
+                                     output_type="pt", enable_prompt_rewrite=False), 32, 32)),
     # LongCat-Image-Edit's input: the reference image's tokens after the generated image's, never merged.
     FamilyCase("longcat_image_edit", "longcat_image", tiny_longcat, lambda batch=2: longcat_inputs(batch, True),
                merged_calls=3),
