@@ -22,8 +22,11 @@ from diffusers.models.transformers.transformer_flux2 import (
     Flux2ParallelSelfAttention,
     Flux2ParallelSelfAttnProcessor,
 )
+from diffusers.models.transformers.transformer_flux3 import Flux3Attention, Flux3AttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+from diffusers.models.transformers.transformer_krea2 import Krea2Attention, Krea2AttnProcessor
+from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttention, LongCatImageAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0, apply_rotary_emb_qwen
 
 import tome_processors as tp
@@ -131,12 +134,31 @@ def _qwenimage() -> tuple[torch.nn.Module, object, dict]:
     return attn, QwenDoubleStreamAttnProcessor2_0(), {"text": True, "qwen": True}
 
 
+def _flux3() -> tuple[torch.nn.Module, object, dict]:
+    return Flux3Attention(DIM, HEADS, HEAD_DIM), Flux3AttnProcessor(), {"text": False}
+
+
+def _krea2() -> tuple[torch.nn.Module, object, dict]:
+    """Krea 2's attention: grouped-query (one key/value head for two query heads) and a sigmoid output gate."""
+    return Krea2Attention(DIM, HEADS, num_kv_heads=1), Krea2AttnProcessor(), {"text": False}
+
+
+def _longcat(single: bool) -> tuple[torch.nn.Module, object, dict]:
+    joint = {} if single else {"added_kv_proj_dim": DIM, "context_pre_only": False}
+    attn = LongCatImageAttention(DIM, heads=HEADS, dim_head=HEAD_DIM, out_dim=DIM, bias=True, pre_only=single, **joint)
+    return attn, LongCatImageAttnProcessor(), {"text": not single}
+
+
 PROCESSORS = {
     "flux-joint": _flux_joint,
     "flux-single": _flux_single,
     "flux-ip-adapter": _flux_ip_adapter,
     "flux2-joint": _flux2_joint,
     "flux2-parallel": _flux2_parallel,
+    "flux3": _flux3,
+    "krea2": _krea2,
+    "longcat-joint": lambda: _longcat(single=False),
+    "longcat-single": lambda: _longcat(single=True),
     "hunyuanvideo-double": lambda: _hunyuanvideo(single=False),
     "hunyuanvideo-single": lambda: _hunyuanvideo(single=True),
     "hunyuanvideo15": lambda: _hunyuanvideo(single=False, processor=HunyuanVideo15AttnProcessor2_0),

@@ -29,6 +29,7 @@ from tome_processors.apply import inner_processor
 from tome_processors.families import FAMILIES, find_family
 from tome_processors.hooks import attention_modules
 
+from family_cases import CASES as FAMILY_TABLE
 from models import run_unet, tiny_unet, unet_inputs
 from pipelines import svd_inputs, tiny_svd_unet
 from test_dit import TEXT_DIM, flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
@@ -60,6 +61,9 @@ MODELS = {
     "hunyuanvideo15": (tiny_hunyuanvideo15, lambda model: hunyuanvideo15_inputs()),
     **{name: (CASES[name].build, lambda model, name=name: CASES[name].inputs()) for name in NEW_FAMILY_CASES},
 }
+# Every other family of the family table (tests/family_cases/): its first case by name.
+for _case in sorted(FAMILY_TABLE.values(), key=lambda case: case.name):
+    MODELS.setdefault(_case.family, (_case.build, lambda model, case=_case: case.inputs()))
 
 
 def forward(model: torch.nn.Module, inputs: dict) -> torch.Tensor:

@@ -22,23 +22,30 @@ from typing import Any
 import torch
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
+from diffusers.models.transformers.transformer_flux3 import Flux3AttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+from diffusers.models.transformers.transformer_krea2 import Krea2AttnProcessor
+from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
 __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
-#: (FLUX.1 and Chroma, FLUX.2, HunyuanVideo and 1.5) or `apply_rotary_emb_qwen(x, table, use_real=False)`
-#: (Qwen-Image). Exact types: a subclass may read the table some other way.
+#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5) or
+#: `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image). Exact types: a subclass may read the table some
+#: other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
         FluxAttnProcessor,
         FluxIPAdapterAttnProcessor,
         Flux2AttnProcessor,
         Flux2ParallelSelfAttnProcessor,
+        Flux3AttnProcessor,
         HunyuanVideoAttnProcessor2_0,
         HunyuanVideo15AttnProcessor2_0,
+        Krea2AttnProcessor,
+        LongCatImageAttnProcessor,
         QwenDoubleStreamAttnProcessor2_0,
     }
 )

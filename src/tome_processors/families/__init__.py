@@ -17,7 +17,8 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `WanTransformer3DModel` (and its derivatives `SkyReelsV2Transformer3DModel`, `WanVACETransformer3DModel`),
 `LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
 `HunyuanVideoTransformer3DModel`,
-`HunyuanVideo15Transformer3DModel` and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
+`HunyuanVideo15Transformer3DModel`, the FLUX-like `Krea2Transformer2DModel`, `Flux3Transformer2DModel` and
+`LongCatImageTransformer2DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
 blocks). docs/families.md is the recipe for adding one.
 
 Example:
@@ -47,6 +48,7 @@ from .base import (
 from .chroma import ChromaFamily, Flux2Family
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
+from .fluxlike import Flux3Family, Krea2Family, LongCatImageFamily
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
 from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
@@ -63,13 +65,16 @@ __all__ = [
     "ChromaFamily",
     "Family",
     "Flux2Family",
+    "Flux3Family",
     "FluxFamily",
     "HunyuanVideo15Family",
     "HunyuanVideoFamily",
     "IdsGridFamily",
+    "Krea2Family",
     "LTX2Family",
     "LTXVideoFamily",
     "Layout",
+    "LongCatImageFamily",
     "PixArtFamily",
     "QwenImageFamily",
     "Rotary",
@@ -114,6 +119,9 @@ FAMILIES: dict[str, type[Family]] = {
         LTX2Family,
         HunyuanVideoFamily,
         HunyuanVideo15Family,
+        Krea2Family,
+        Flux3Family,
+        LongCatImageFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -136,6 +144,9 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "LTX2VideoTransformer3DModel",
         "HunyuanVideoTransformer3DModel",
         "HunyuanVideo15Transformer3DModel",
+        "Krea2Transformer2DModel",
+        "Flux3Transformer2DModel",
+        "LongCatImageTransformer2DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )

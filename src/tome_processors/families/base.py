@@ -130,7 +130,8 @@ class Stack:
     """One list of blocks of a model, declared: where it is and how its attention lays out the tokens.
 
     Attributes:
-        blocks: the model's attribute that holds the blocks (an `nn.ModuleList`).
+        blocks: the model's attribute that holds the blocks (an `nn.ModuleList`); a dotted path reaches into
+            submodules (`"mode_blocks.image"`: FLUX.3's image blocks, in an `nn.ModuleDict`).
         layout: how the blocks' attention receives the image tokens (`Layout`).
         attention: the block's attribute that holds the attention module.
         feed_forward: the block's feed-forward attribute (merged with `merge_mlp`), or None.
@@ -150,7 +151,10 @@ class Stack:
     def sites(self, model: torch.nn.Module) -> list[BlockSite]:
         """A `BlockSite` for every block of this stack in `model` (none where the model has no such list)."""
         sites = []
-        for block in getattr(model, self.blocks, None) or ():
+        blocks: Any = model
+        for part in self.blocks.split("."):
+            blocks = getattr(blocks, part, None)
+        for block in blocks or ():
             attention = AttentionSite(
                 getattr(block, self.attention),
                 False,
