@@ -18,7 +18,8 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
 `HunyuanVideoTransformer3DModel`,
 `HunyuanVideo15Transformer3DModel` and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
-blocks). docs/families.md is the recipe for adding one.
+blocks); the single-stream `QwenImage21Transformer2DModel` and `ErnieImageTransformer2DModel`. docs/families.md
+is the recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -50,6 +51,7 @@ from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
 from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
+from .qwen_ernie import ErnieImageFamily, QwenImage21Family
 from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
@@ -61,6 +63,7 @@ __all__ = [
     "AttentionSite",
     "BlockSite",
     "ChromaFamily",
+    "ErnieImageFamily",
     "Family",
     "Flux2Family",
     "FluxFamily",
@@ -71,6 +74,7 @@ __all__ = [
     "LTXVideoFamily",
     "Layout",
     "PixArtFamily",
+    "QwenImage21Family",
     "QwenImageFamily",
     "Rotary",
     "SD3Family",
@@ -114,6 +118,8 @@ FAMILIES: dict[str, type[Family]] = {
         LTX2Family,
         HunyuanVideoFamily,
         HunyuanVideo15Family,
+        QwenImage21Family,
+        ErnieImageFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -136,6 +142,8 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "LTX2VideoTransformer3DModel",
         "HunyuanVideoTransformer3DModel",
         "HunyuanVideo15Transformer3DModel",
+        "QwenImage21Transformer2DModel",
+        "ErnieImageTransformer2DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )
