@@ -42,7 +42,8 @@ def qwenimage21_inputs(
 ) -> dict:
     """As `QwenImage21Pipeline` calls the model without its KV cache (`use_kv_cache=False`).
 
-    The prompt's `TEXT` tokens, the second sample's last `padded` masked (a batch of prompts of two lengths); with
+    The prompt's `TEXT` tokens, the second sample's last `padded` masked (a batch of prompts of two lengths; no mask
+    where `padded` is 0, as the pipeline passes none then); with
     `condition`, a condition image's `(rows, columns)` of tokens spliced into the prompt after its third token (one
     vision slot per 2 x 2 tokens), as the image-conditioned template places it. The generated image's slots close
     the vision-language sequence.
@@ -56,16 +57,18 @@ def qwenimage21_inputs(
         slots[3:3] = [True] * (condition_tokens // SLOT)
         shapes.insert(0, (1, *condition))
     img_mask = torch.tensor(slots + [True] * (h * w // SLOT)).expand(batch, -1)
-    text_mask = torch.ones(batch, len(slots), dtype=torch.bool)
-    text_mask[1:, TEXT + condition_tokens // SLOT - padded :] = False
-    return {
+    inputs = {
         "hidden_states": torch.randn(batch, condition_tokens + h * w, 4, generator=generator),
         "encoder_hidden_states": torch.randn(batch, len(slots), 8, generator=generator),
-        "encoder_hidden_states_mask": text_mask,
         "timestep": torch.full((batch,), 0.6),  # the pipeline passes t / 1000
         "img_shapes": [shapes] * batch,
         "img_mask": img_mask,
     }
+    if padded:  # the pipeline passes no mask where no prompt is padded
+        text_mask = torch.ones(batch, len(slots), dtype=torch.bool)
+        text_mask[1:, len(slots) - padded :] = False
+        inputs["encoder_hidden_states_mask"] = text_mask
+    return inputs
 
 
 class TextOnlyQwen3VLProcessor(Qwen3VLProcessor):
