@@ -28,8 +28,9 @@ class QwenImage21Family(Family):
 
     The grid is the last shape of `img_shapes` (`[(frames, rows, columns), ...]`, condition images first). The
     rotary table is one complex `(S, D/2)` table over the whole sequence, passed as `rotary_emb`. The key masks
-    (`attention_mask` in the cached steps, `key_valid` in the first) mask prompt padding only. The flex processor's
-    `BlockMask` cannot be cut to fewer tokens: a forward that passes one is not merged.
+    (`attention_mask` in the cached steps, `key_valid` over the whole sequence otherwise) mask prompt padding only.
+    The flex processor's `BlockMask` (every step but the cached ones) cannot be cut to fewer tokens: an attention
+    given one runs unmerged.
     """
 
     name = "qwenimage21"
@@ -53,10 +54,10 @@ class QwenImage21Family(Family):
         shapes = argument(args, kwargs, 3, "img_shapes")
         if not isinstance(x, torch.Tensor) or x.ndim != 3 or not shapes or not shapes[0]:
             return None
-        target = shapes[0][-1]  # the model lays every sample out as the first (the generated image last)
-        if not isinstance(target, (tuple, list)) or len(target) != 3:
+        generated = shapes[0][-1]  # the model lays every sample out as the first (the generated image last)
+        if not isinstance(generated, (tuple, list)) or len(generated) != 3:
             return None
-        frames, h, w = (int(v) for v in target)
+        frames, h, w = (int(v) for v in generated)
         return (h, w) if frames == 1 and 0 < h * w <= x.shape[1] else None
 
 
