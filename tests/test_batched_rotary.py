@@ -28,6 +28,11 @@ from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVid
 from diffusers.models.transformers.transformer_krea2 import Krea2Attention, Krea2AttnProcessor
 from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttention, LongCatImageAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0, apply_rotary_emb_qwen
+from diffusers.models.transformers.transformer_qwenimage21 import (
+    QwenImage21Attention,
+    QwenImage21AttnProcessor,
+    QwenImage21FlexAttnProcessor,
+)
 
 import tome_processors as tp
 from tome_processors.batched_rotary import SAMPLE_TABLE_PROCESSORS, SampleTables, sample_tables, takes_sample_tables
@@ -149,6 +154,12 @@ def _longcat(single: bool) -> tuple[torch.nn.Module, object, dict]:
     return attn, LongCatImageAttnProcessor(), {"text": not single}
 
 
+def _qwenimage21(processor: type) -> tuple[torch.nn.Module, object, dict]:
+    """Qwen-Image 2.1's single-stream attention (as in its cached steps: no block-causal mask), its complex table over
+    the whole sequence."""
+    return QwenImage21Attention(DIM, HEADS, HEAD_DIM), processor(), {"text": False, "qwen21": True}
+
+
 PROCESSORS = {
     "flux-joint": _flux_joint,
     "flux-single": _flux_single,
@@ -163,6 +174,8 @@ PROCESSORS = {
     "hunyuanvideo-single": lambda: _hunyuanvideo(single=True),
     "hunyuanvideo15": lambda: _hunyuanvideo(single=False, processor=HunyuanVideo15AttnProcessor2_0),
     "qwenimage": _qwenimage,
+    "qwenimage21": lambda: _qwenimage21(QwenImage21AttnProcessor),
+    "qwenimage21-flex": lambda: _qwenimage21(QwenImage21FlexAttnProcessor),
 }
 
 
@@ -180,7 +193,10 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
     batch = 2
     image = torch.randn(batch, ROWS, DIM, generator=g)
     text = torch.randn(batch, TEXT, DIM, generator=g) if parts["text"] else None
-    if parts.get("qwen"):  # (image, text): the image's table per sample, the text's one for the batch
+    if parts.get("qwen21"):  # one complex table over the sequence, per sample
+        table = per_sample_complex(batch, ROWS)
+        batched_rotary, alone_rotary = SampleTables(table), list(table)
+    elif parts.get("qwen"):  # (image, text): the image's table per sample, the text's one for the batch
         table, text_table = per_sample_complex(batch, ROWS), per_sample_complex(1, TEXT, seed=3)[0]
         batched_rotary, alone_rotary = (SampleTables(table), text_table), [(t, text_table) for t in table]
     else:
@@ -197,6 +213,8 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
             extra["attention_mask"] = pick(mask)
         if parts.get("qwen"):
             extra["encoder_hidden_states_mask"] = pick(mask)
+        if parts.get("qwen21"):
+            return processor(attn, pick(image), rotary_emb=rotary, **extra)
         if parts["text"]:
             return processor(attn, pick(image), pick(text), image_rotary_emb=rotary, **extra)
         return processor(attn, pick(image), image_rotary_emb=rotary, **extra)

@@ -16,7 +16,7 @@ from tome_processors.families import FAMILIES, family_of
 from tome_processors.hooks import context_of
 from tome_processors.pipeline import tome_config_of
 
-from family_cases import CASES as FAMILY_TABLE
+from family_cases import CASES as TABLE_CASES
 from models import tiny_unet
 from pipelines import svd_inputs, tiny_sd_pipeline, tiny_svd_unet
 from test_dit import ARCHS
@@ -58,8 +58,8 @@ def model_and_inputs(family: str) -> tuple[torch.nn.Module, dict]:
         return tiny_hunyuanvideo(), hunyuanvideo_inputs()
     if family == "hunyuanvideo15":
         return tiny_hunyuanvideo15(), hunyuanvideo15_inputs()
-    table = [case for _, case in sorted(FAMILY_TABLE.items()) if case.family == family]
-    if table:  # a family of the family table (tests/family_cases/): its first case by name
+    table = [case for case in TABLE_CASES.values() if case.family == family]  # tests/family_cases/
+    if table:
         return table[0].build(), table[0].inputs()
     return ARCHS[family].build(), ARCHS[family].inputs()
 

@@ -36,6 +36,9 @@ from .merge import TokenMerge
 from .skips import Skip
 
 _FLUX_ROTARY = Rotary()  # FLUX.1's: `image_rotary_emb`, (cos, sin) over text then image, one for the batch
+#: Masks over the attention's keys that processors take by keyword beside `attention_mask`, `(B, S)`: Qwen-Image
+#: 2.1's `key_valid`. They are refused or cut as the attention mask is.
+KEY_MASKS = ("key_valid",)
 
 
 def run_with_text(
@@ -98,30 +101,40 @@ def run_with_text(
 def _merged_mask(
     args: tuple, kwargs: dict, mask_at: int, lead: int, tail: int, merge: TokenMerge
 ) -> tuple[tuple, dict]:
-    """`args` / `kwargs` with the attention mask cut to the merged sequence (when there is a mask).
+    """`args` / `kwargs` with the attention mask and any key masks (`KEY_MASKS`) cut to the merged sequence.
 
     The attention's sequence is `lead` tokens (text), the grid's, then `tail` others. Only families whose
     masks mask text tokens alone get here with a mask (`masks_text_only`; `_merge_for` refuses others):
     every grid position holds the same value, so the lead and tail positions are kept exactly and grid
     positions are dropped, as many as the merge removes (slices: no copy, no host sync). A mask over the lead
     and tail alone (HunyuanVideo 1.5's over the text, which its processor pads over the image itself) is left
-    as it is.
+    as it is. A mask over more keys than the attention's tokens (Qwen-Image 2.1's cached steps: the cached
+    prefix's keys, then the grid's) loses the grid's last positions, as one over a lead and the grid does.
     """
     mask = argument(args, kwargs, mask_at, "attention_mask")
-    if not isinstance(mask, torch.Tensor) or mask.shape[-1] == lead + tail:
-        return args, kwargs
+    if isinstance(mask, torch.Tensor) and mask.shape[-1] != lead + tail:
+        args, kwargs = replace_argument(args, kwargs, mask_at, "attention_mask", _cut_mask(mask, lead, tail, merge))
+    for name in KEY_MASKS:
+        keys = kwargs.get(name)
+        if isinstance(keys, torch.Tensor) and keys.shape[-1] != lead + tail:
+            kwargs = {**kwargs, name: _cut_mask(keys, lead, tail, merge)}
+    return args, kwargs
+
+
+def _cut_mask(mask: torch.Tensor, lead: int, tail: int, merge: TokenMerge) -> torch.Tensor:
+    """`mask` less as many of the grid's positions as the merge removes (see `_merged_mask`)."""
     length, removed = mask.shape[-1], merge.num_tokens - merge.num_rows
     if tail and lead:  # both kept: the lead and the grid's first rows, then the tail
         cut = torch.cat([mask[..., : length - tail - removed], mask[..., length - tail :]], dim=-1)
         if mask.ndim >= 3 and mask.shape[-2] == length:
             cut = torch.cat([cut[..., : length - tail - removed, :], cut[..., length - tail :, :]], dim=-2)
-        return replace_argument(args, kwargs, mask_at, "attention_mask", cut)
+        return cut
     # Nothing after the grid: drop its last positions; nothing ahead of it: its first.
     keep = slice(0, length - removed) if not tail else slice(removed, length)
     cut = mask[..., keep]
     if mask.ndim >= 3 and mask.shape[-2] == length:  # a (query, key) mask: the queries too
         cut = cut[..., keep, :]
-    return replace_argument(args, kwargs, mask_at, "attention_mask", cut)
+    return cut
 
 
 def _unmerge_joint(out: Any, merge: TokenMerge) -> Any:
@@ -152,9 +165,9 @@ def _rotary_fits(spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, n
     if rotary is None:
         return True
     tables = _gathered(spec, _rotary_tables(rotary))
-    if spec.batched:
+    if spec.batched:  # (B, S, ...): Z-Image's (B, S, D/2), ERNIE-Image's (B, S, 1, D)
         return all(
-            isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == (batch, num_positions) for t in tables
+            isinstance(t, torch.Tensor) and t.ndim >= 3 and t.shape[:2] == (batch, num_positions) for t in tables
         )
     return all(isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape[0] == num_positions for t in tables)
 

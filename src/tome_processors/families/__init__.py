@@ -18,7 +18,8 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
 `HunyuanVideoTransformer3DModel`,
 `HunyuanVideo15Transformer3DModel`, the FLUX-like `Krea2Transformer2DModel`, `Flux3Transformer2DModel` and
-`LongCatImageTransformer2DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
+`LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
+`ErnieImageTransformer2DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
 blocks). docs/families.md is the recipe for adding one.
 
 Example:
@@ -52,6 +53,7 @@ from .fluxlike import Flux3Family, Krea2Family, LongCatImageFamily
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
 from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
+from .qwen_ernie import ErnieImageFamily, QwenImage21Family
 from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
@@ -63,6 +65,7 @@ __all__ = [
     "AttentionSite",
     "BlockSite",
     "ChromaFamily",
+    "ErnieImageFamily",
     "Family",
     "Flux2Family",
     "Flux3Family",
@@ -76,6 +79,7 @@ __all__ = [
     "Layout",
     "LongCatImageFamily",
     "PixArtFamily",
+    "QwenImage21Family",
     "QwenImageFamily",
     "Rotary",
     "SD3Family",
@@ -122,6 +126,8 @@ FAMILIES: dict[str, type[Family]] = {
         Krea2Family,
         Flux3Family,
         LongCatImageFamily,
+        QwenImage21Family,
+        ErnieImageFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -147,6 +153,8 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "Krea2Transformer2DModel",
         "Flux3Transformer2DModel",
         "LongCatImageTransformer2DModel",
+        "QwenImage21Transformer2DModel",
+        "ErnieImageTransformer2DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )

@@ -97,12 +97,22 @@ class AttentionSite:
 
 @dataclass(frozen=True)
 class BlockSite:
-    """A block whose raw `hidden_states` input (image tokens, where `span` says) is the merge metric."""
+    """A block whose raw `hidden_states` input (image tokens, where `span` says) is the merge metric.
+
+    `sequence_first`: the block's input is `(S, B, C)`, sequence first (ERNIE-Image's blocks; their attention
+    module still gets `(B, S, C)`); the metric is its `(B, S, C)` view. Such a site declares where the grid's
+    tokens sit (`span` other than `WHOLE`, which takes the input as it comes).
+    """
 
     module: torch.nn.Module
     attentions: tuple[AttentionSite, ...]
     feed_forward: torch.nn.Module | None
     span: Span = Span.WHOLE
+    sequence_first: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sequence_first and self.span is Span.WHOLE:
+            raise ValueError("Expected a span other than Span.WHOLE on a sequence-first block, but got Span.WHOLE.")
 
     def metric(self, hidden_states: torch.Tensor, grid_tokens: int, tail: int = 0) -> torch.Tensor:
         """The grid's `grid_tokens` tokens of the block input `hidden_states` `(B, S, C)` (a view).
@@ -116,7 +126,12 @@ class BlockSite:
             [2.0, 3.0, 4.0]
             >>> site.metric(torch.arange(5.0).view(1, 5, 1), 2, tail=1).flatten().tolist()
             [2.0, 3.0]
+            >>> first = BlockSite(torch.nn.Identity(), (), None, Span.LEADING, sequence_first=True)
+            >>> first.metric(torch.arange(10.0).view(5, 2, 1), 3)[1].flatten().tolist()  # (S=5, B=2) -> sample 1
+            [1.0, 3.0, 5.0]
         """
+        if self.sequence_first and hidden_states.ndim == 3:
+            hidden_states = hidden_states.transpose(0, 1)
         if self.span is Span.WHOLE or hidden_states.ndim != 3 or hidden_states.shape[1] <= grid_tokens:
             return hidden_states
         if self.span is Span.LEADING:
@@ -137,6 +152,7 @@ class Stack:
         feed_forward: the block's feed-forward attribute (merged with `merge_mlp`), or None.
         span: where the grid's tokens sit in the block's input (`Span`).
         mask_at / rotary_at / built_with: see `AttentionSite`.
+        sequence_first: the blocks get `(S, B, C)` inputs (see `BlockSite`).
     """
 
     blocks: str
@@ -147,6 +163,7 @@ class Stack:
     mask_at: int = 1
     rotary_at: int | None = None
     built_with: type | None = None
+    sequence_first: bool = False
 
     def sites(self, model: torch.nn.Module) -> list[BlockSite]:
         """A `BlockSite` for every block of this stack in `model` (none where the model has no such list)."""
@@ -164,7 +181,7 @@ class Stack:
                 rotary_at=self.rotary_at,
             )
             ff = getattr(block, self.feed_forward, None) if self.feed_forward else None
-            sites.append(BlockSite(block, (attention,), ff, self.span))
+            sites.append(BlockSite(block, (attention,), ff, self.span, self.sequence_first))
         return sites
 
 
