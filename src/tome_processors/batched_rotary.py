@@ -24,12 +24,13 @@ from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, Fl
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 
 __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
-#: (FLUX.1 and Chroma, FLUX.2, HunyuanVideo and 1.5) or `apply_rotary_emb_qwen(x, table, use_real=False)`
+#: (FLUX.1 and Chroma, FLUX.2, HunyuanVideo and 1.5, HunyuanImage 2.1) or `apply_rotary_emb_qwen(x, table, use_real=False)`
 #: (Qwen-Image). Exact types: a subclass may read the table some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
@@ -39,6 +40,7 @@ SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
         Flux2ParallelSelfAttnProcessor,
         HunyuanVideoAttnProcessor2_0,
         HunyuanVideo15AttnProcessor2_0,
+        HunyuanImageAttnProcessor,
         QwenDoubleStreamAttnProcessor2_0,
     }
 )

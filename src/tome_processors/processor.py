@@ -22,7 +22,7 @@ from .attach import PassedThrough, built_processor_for_call, slot_for_call, watc
 from .built import missing_inner_error
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
-from .families import Layout, class_default_processor
+from .families import Layout, class_default_processor, mask_where
 from .joint_attention import run_with_text
 from .merge import TokenMerge, pool_tokens
 from .rotary_attention import run_with_rotary
@@ -440,7 +440,7 @@ class ToMeProcessor:
         if not (config.merge_crossattn if slot.is_cross else config.merge_attn):
             slot.skip(Skip.FLAG_OFF)
             return None
-        mask = argument(args, kwargs, slot.mask_at, "attention_mask")
+        mask = argument(args, kwargs, *mask_where(slot.mask_at))
         if mask is not None and not mask_fits and (not slot.is_cross or mask.shape[-2] != 1):
             slot.skip(Skip.MASK, hidden_states)  # a mask over the merged tokens would no longer line up
             return None

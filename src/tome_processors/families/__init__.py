@@ -17,7 +17,8 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `WanTransformer3DModel` (and its derivatives `SkyReelsV2Transformer3DModel`, `WanVACETransformer3DModel`),
 `LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
 `HunyuanVideoTransformer3DModel`,
-`HunyuanVideo15Transformer3DModel` and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
+`HunyuanVideo15Transformer3DModel`, the image models `HunyuanImageTransformer2DModel` and
+`HiDreamImageTransformer2DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
 blocks). docs/families.md is the recipe for adding one.
 
 Example:
@@ -42,12 +43,14 @@ from .base import (
     Stack,
     class_default_processor,
     is_mergeable_attention,
+    mask_where,
     max_downsample_for_levels,
 )
 from .chroma import ChromaFamily, Flux2Family
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
+from .hyimage_hidream import HiDreamImageFamily, HunyuanImageFamily
 from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
 from .qwenimage import QwenImageFamily
@@ -64,7 +67,9 @@ __all__ = [
     "Family",
     "Flux2Family",
     "FluxFamily",
+    "HiDreamImageFamily",
     "HunyuanVideo15Family",
+    "HunyuanImageFamily",
     "HunyuanVideoFamily",
     "IdsGridFamily",
     "LTX2Family",
@@ -89,6 +94,7 @@ __all__ = [
     "find_family",
     "grid_from_ids",
     "is_mergeable_attention",
+    "mask_where",
     "max_downsample_for_levels",
     "spatial_transformer_blocks",
     "spatio_temporal_blocks",
@@ -114,6 +120,8 @@ FAMILIES: dict[str, type[Family]] = {
         LTX2Family,
         HunyuanVideoFamily,
         HunyuanVideo15Family,
+        HunyuanImageFamily,
+        HiDreamImageFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -136,6 +144,8 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "LTX2VideoTransformer3DModel",
         "HunyuanVideoTransformer3DModel",
         "HunyuanVideo15Transformer3DModel",
+        "HunyuanImageTransformer2DModel",
+        "HiDreamImageTransformer2DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )
