@@ -30,8 +30,9 @@ from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStream
 __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
-#: (FLUX.1 and Chroma, FLUX.2, HunyuanVideo and 1.5, HunyuanImage 2.1) or `apply_rotary_emb_qwen(x, table, use_real=False)`
-#: (Qwen-Image). Exact types: a subclass may read the table some other way.
+#: (FLUX.1 and Chroma, FLUX.2, HunyuanVideo and 1.5, HunyuanImage 2.1) or
+#: `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image). Exact types: a subclass may read the table
+#: some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
         FluxAttnProcessor,

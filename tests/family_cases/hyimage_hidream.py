@@ -231,8 +231,13 @@ CASES = (
         merged_calls=3,  # the double-stream block and both single-stream blocks; never the token refiner
         pipeline=PipelineCase(
             build=tiny_hunyuanimage_pipeline,
-            call_kwargs={"prompt": 'a "hi" sign', "height": 48, "width": 64, "num_inference_steps": 2,
-                         "output_type": "latent"},  # fmt: skip
+            call_kwargs={
+                "prompt": 'a "hi" sign',
+                "height": 48,
+                "width": 64,
+                "num_inference_steps": 2,
+                "output_type": "latent",
+            },
             height=48,
             width=64,
         ),
@@ -255,8 +260,15 @@ CASES = (
         why_not_independent=HD_NOT_INDEPENDENT,
         pipeline=PipelineCase(
             build=tiny_hidream_pipeline,
-            call_kwargs={"prompt": "a cat on a mat", "height": 24, "width": 36, "num_inference_steps": 2,
-                         "guidance_scale": 5.0, "max_sequence_length": 8, "output_type": "latent"},  # fmt: skip
+            call_kwargs={
+                "prompt": "a cat on a mat",
+                "height": 24,
+                "width": 36,
+                "num_inference_steps": 2,
+                "guidance_scale": 5.0,
+                "max_sequence_length": 8,
+                "output_type": "latent",
+            },
             height=24,
             width=36,
         ),
