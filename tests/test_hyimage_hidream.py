@@ -15,6 +15,8 @@ import torch
 
 import tome_processors as tp
 from tome_processors import joint_attention
+from tome_processors.bench.archs import ARCHS
+from tome_processors.bench.dit import build_transformer, make_transformer_inputs
 from tome_processors.families import Layout, Span, family_of
 
 from family_cases.hyimage_hidream import (
@@ -196,3 +198,24 @@ def test_families_find_the_blocks_grid_and_timestep():
 def test_k_v_pooling_is_refused(build):
     with pytest.raises(ValueError, match='Expected mode="merge"'):
         tp.apply_tome(build(), mode="downsample_kv")
+
+
+@pytest.mark.parametrize("arch", ["hunyuanimage", "hidream"])
+def test_bench_builds_each_architecture_with_fewer_layers(arch):
+    model = build_transformer(arch, quick=True, layers=1)
+    assert family_of(model).name == arch
+    assert (model.config.num_layers, model.config.num_single_layers) == (1, 1)
+    inputs = make_transformer_inputs(model, arch, batch=2, resolution=128, text_tokens=5, quick=True)
+    plain = inputs.run(model)
+    tp.apply_tome(model, ratio=0.5)
+    merged = inputs.run(model)
+    assert merged.shape == plain.shape and torch.isfinite(merged).all() and not torch.equal(merged, plain)
+
+
+def test_hidream_bench_config_projects_one_llama_layer_per_block():
+    # The published config names a Llama layer for each of its 48 blocks; a shallower model keeps the first ones.
+    arch = ARCHS["hidream"]
+    assert arch.derived(arch.full)["llama_layers"] == arch.full["llama_layers"] and len(arch.full["llama_layers"]) == 48
+    capped = dict(arch.full, num_layers=1, num_single_layers=1)
+    assert arch.derived(capped)["llama_layers"] == (0, 1)
+    assert list(build_transformer("hidream", quick=True, layers=1).config.llama_layers) == [0, 1]
