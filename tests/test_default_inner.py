@@ -29,6 +29,7 @@ from tome_processors.apply import inner_processor
 from tome_processors.families import FAMILIES, find_family
 from tome_processors.hooks import attention_modules
 
+from family_cases import CASES as TABLE_CASES
 from models import run_unet, tiny_unet, unet_inputs
 from pipelines import svd_inputs, tiny_svd_unet
 from test_dit import TEXT_DIM, flux_inputs, pixart_inputs, sd3_inputs, tiny_flux, tiny_pixart, tiny_sd3
@@ -60,6 +61,11 @@ MODELS = {
     "hunyuanvideo15": (tiny_hunyuanvideo15, lambda model: hunyuanvideo15_inputs()),
     **{name: (CASES[name].build, lambda model, name=name: CASES[name].inputs()) for name in NEW_FAMILY_CASES},
 }
+# The families of the table (tests/family_cases/): each one's first case.
+for _case in TABLE_CASES.values():
+    MODELS.setdefault(_case.family, (_case.build, lambda model, case=_case: case.inputs()))
+#: Families whose models have no `set_attn_processor` (Z-Image's transformer; the table's cases that say so).
+WITHOUT_SET_ATTN_PROCESSOR = {"zimage"} | {c.family for c in TABLE_CASES.values() if not c.set_attn_processor}
 
 
 def forward(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
@@ -84,7 +90,7 @@ def test_set_attn_processor_alone_works_on_every_family(family, ratio):
     build, call = MODELS[family]
     model = build()
     if not hasattr(model, "set_attn_processor"):  # Z-Image's transformer has none: apply_tome is the way
-        assert family == "zimage"
+        assert family in WITHOUT_SET_ATTN_PROCESSOR
         return
     inputs = call(model)
     plain = forward(model, inputs)
