@@ -219,3 +219,10 @@ def test_hidream_bench_config_projects_one_llama_layer_per_block():
     capped = dict(arch.full, num_layers=1, num_single_layers=1)
     assert arch.derived(capped)["llama_layers"] == (0, 1)
     assert list(build_transformer("hidream", quick=True, layers=1).config.llama_layers) == [0, 1]
+
+
+def test_explain_tome_counts_the_released_models_tokens_from_pixels():
+    # HunyuanImage 2.1: 32 px per token (its VAE's 32x, patch 1); HiDream-I1: 16 (the FLUX VAE's 8x, patch 2).
+    for model, (height, width) in ((tiny_hunyuanimage(), (2048, 1536)), (tiny_hidream(), (1024, 768))):
+        rows = tp.explain_tome(model, height, width, preset="balanced", print_table=False)
+        assert [(row.tokens, row.blocks) for row in rows] == [(64 * 48, 3)]
