@@ -25,6 +25,7 @@ from diffusers.models.transformers.transformer_flux2 import (
 from diffusers.models.transformers.transformer_flux3 import Flux3Attention, Flux3AttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageAttnProcessor
 from diffusers.models.transformers.transformer_krea2 import Krea2Attention, Krea2AttnProcessor
 from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttention, LongCatImageAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0, apply_rotary_emb_qwen
@@ -124,7 +125,8 @@ def _flux2_parallel() -> tuple[torch.nn.Module, object, dict]:
 
 
 def _hunyuanvideo(single: bool, processor: type = HunyuanVideoAttnProcessor2_0) -> tuple[torch.nn.Module, object, dict]:
-    """HunyuanVideo's double-stream (added K/V) or single-stream attention; its tables cover the image alone."""
+    """HunyuanVideo's double-stream (added K/V) or single-stream attention; its tables cover the image alone.
+    HunyuanImage 2.1's blocks build the same attention modules (with `HunyuanImageAttnProcessor`)."""
     joint = {} if single else {"added_kv_proj_dim": DIM, "context_pre_only": False}
     attn = Attention(DIM, dim_head=HEAD_DIM, heads=HEADS, out_dim=DIM, bias=True, qk_norm="rms_norm", eps=1e-6,
                      pre_only=single, **joint)  # fmt: skip
@@ -173,6 +175,8 @@ PROCESSORS = {
     "hunyuanvideo-double": lambda: _hunyuanvideo(single=False),
     "hunyuanvideo-single": lambda: _hunyuanvideo(single=True),
     "hunyuanvideo15": lambda: _hunyuanvideo(single=False, processor=HunyuanVideo15AttnProcessor2_0),
+    "hunyuanimage-double": lambda: _hunyuanvideo(single=False, processor=HunyuanImageAttnProcessor),
+    "hunyuanimage-single": lambda: _hunyuanvideo(single=True, processor=HunyuanImageAttnProcessor),
     "qwenimage": _qwenimage,
     "qwenimage21": lambda: _qwenimage21(QwenImage21AttnProcessor),
     "qwenimage21-flex": lambda: _qwenimage21(QwenImage21FlexAttnProcessor),

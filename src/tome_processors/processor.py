@@ -22,7 +22,7 @@ from .attach import PassedThrough, built_processor_for_call, slot_for_call, watc
 from .built import missing_inner_error
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
-from .families import Layout, class_default_processor
+from .families import Layout, class_default_processor, mask_where
 from .joint_attention import KEY_MASKS, run_with_text
 from .merge import TokenMerge, pool_tokens
 from .rotary_attention import run_with_rotary
@@ -440,7 +440,7 @@ class ToMeProcessor:
         if not (config.merge_crossattn if slot.is_cross else config.merge_attn):
             slot.skip(Skip.FLAG_OFF)
             return None
-        mask = argument(args, kwargs, slot.mask_at, "attention_mask")
+        mask = argument(args, kwargs, *mask_where(slot.mask_at))
         if slot.is_cross and isinstance(mask, torch.Tensor) and mask.shape[-2] == 1:
             mask = None  # a cross-attention's mask over its keys (the text): merged queries leave it in line
         masks = [m for m in (mask, *(kwargs.get(name) for name in KEY_MASKS)) if m is not None]

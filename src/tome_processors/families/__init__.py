@@ -19,7 +19,8 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `HunyuanVideoTransformer3DModel`,
 `HunyuanVideo15Transformer3DModel`, the FLUX-like `Krea2Transformer2DModel`, `Flux3Transformer2DModel` and
 `LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
-`ErnieImageTransformer2DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
+`ErnieImageTransformer2DModel`, the image models `HunyuanImageTransformer2DModel` and
+`HiDreamImageTransformer2DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
 blocks). docs/families.md is the recipe for adding one.
 
 Example:
@@ -44,6 +45,7 @@ from .base import (
     Stack,
     class_default_processor,
     is_mergeable_attention,
+    mask_where,
     max_downsample_for_levels,
 )
 from .chroma import ChromaFamily, Flux2Family
@@ -51,6 +53,7 @@ from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .fluxlike import Flux3Family, Krea2Family, LongCatImageFamily
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
+from .hyimage_hidream import HiDreamImageFamily, HunyuanImageFamily
 from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
 from .qwen_ernie import ErnieImageFamily, QwenImage21Family
@@ -70,7 +73,9 @@ __all__ = [
     "Flux2Family",
     "Flux3Family",
     "FluxFamily",
+    "HiDreamImageFamily",
     "HunyuanVideo15Family",
+    "HunyuanImageFamily",
     "HunyuanVideoFamily",
     "IdsGridFamily",
     "Krea2Family",
@@ -98,6 +103,7 @@ __all__ = [
     "find_family",
     "grid_from_ids",
     "is_mergeable_attention",
+    "mask_where",
     "max_downsample_for_levels",
     "spatial_transformer_blocks",
     "spatio_temporal_blocks",
@@ -128,6 +134,8 @@ FAMILIES: dict[str, type[Family]] = {
         LongCatImageFamily,
         QwenImage21Family,
         ErnieImageFamily,
+        HunyuanImageFamily,
+        HiDreamImageFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -155,6 +163,8 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "LongCatImageTransformer2DModel",
         "QwenImage21Transformer2DModel",
         "ErnieImageTransformer2DModel",
+        "HunyuanImageTransformer2DModel",
+        "HiDreamImageTransformer2DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,14 +85,15 @@ class AttentionSite:
     `mask_at` / `rotary_at`: where its module passes the attention mask and the rotary tables to the
     processor, as positions after `hidden_states` when passed positionally (`rotary_at` None: the
     family's `Rotary.position`). FLUX.2's single-stream attention passes `(mask, rotary)`, not
-    `(text, mask, rotary)`.
+    `(text, mask, rotary)`. A processor that names its mask other than `attention_mask` is declared with
+    `mask_at=(position, keyword)` (HiDream's `hidden_states_masks`; `mask_where`).
     """
 
     module: torch.nn.Module
     is_cross: bool
     layout: Layout = Layout.IMAGE
     built_with: type | None = None
-    mask_at: int = 1
+    mask_at: int | tuple[int, str] = 1
     rotary_at: int | None = None
 
 
@@ -148,8 +150,9 @@ class Stack:
         blocks: the model's attribute that holds the blocks (an `nn.ModuleList`); a dotted path reaches into
             submodules (`"mode_blocks.image"`: FLUX.3's image blocks, in an `nn.ModuleDict`).
         layout: how the blocks' attention receives the image tokens (`Layout`).
-        attention: the block's attribute that holds the attention module.
-        feed_forward: the block's feed-forward attribute (merged with `merge_mlp`), or None.
+        attention: the block's attribute that holds the attention module; a dotted path where the list holds
+            wrappers around the blocks (HiDream's `"block.attn1"`).
+        feed_forward: the block's feed-forward attribute (merged with `merge_mlp`; dotted as `attention`), or None.
         span: where the grid's tokens sit in the block's input (`Span`).
         mask_at / rotary_at / built_with: see `AttentionSite`.
         sequence_first: the blocks get `(S, B, C)` inputs (see `BlockSite`).
@@ -160,7 +163,7 @@ class Stack:
     attention: str = "attn"
     feed_forward: str | None = None
     span: Span = Span.WHOLE
-    mask_at: int = 1
+    mask_at: int | tuple[int, str] = 1
     rotary_at: int | None = None
     built_with: type | None = None
     sequence_first: bool = False
@@ -173,16 +176,34 @@ class Stack:
             blocks = getattr(blocks, part, None)
         for block in blocks or ():
             attention = AttentionSite(
-                getattr(block, self.attention),
+                operator.attrgetter(self.attention)(block),
                 False,
                 self.layout,
                 self.built_with,
                 mask_at=self.mask_at,
                 rotary_at=self.rotary_at,
             )
-            ff = getattr(block, self.feed_forward, None) if self.feed_forward else None
+            ff = _attribute(block, self.feed_forward) if self.feed_forward else None
             sites.append(BlockSite(block, (attention,), ff, self.span, self.sequence_first))
         return sites
+
+
+def _attribute(module: torch.nn.Module, path: str) -> Any:
+    """`module`'s attribute at the dotted `path`, or None where a step is missing."""
+    for name in path.split("."):
+        module = getattr(module, name, None)
+    return module
+
+
+def mask_where(mask_at: int | tuple[int, str]) -> tuple[int, str]:
+    """`(position after hidden_states, keyword)` of the attention mask a processor gets, from a site's `mask_at`
+    (`AttentionSite`): a position alone means the keyword `attention_mask`.
+
+    Example:
+        >>> mask_where(1), mask_where((0, "hidden_states_masks"))
+        ((1, 'attention_mask'), (0, 'hidden_states_masks'))
+    """
+    return mask_at if isinstance(mask_at, tuple) else (mask_at, "attention_mask")
 
 
 def is_mergeable_attention(attn: Any) -> bool:
@@ -225,7 +246,8 @@ class Family:
     Attributes:
         name: short name (`"unet"`, `"pixart"`, `"sd3"`, `"flux"`).
         input_name / input_position: the model's input that the token grid is read from.
-        timestep_position: where the model's `timestep` argument sits when passed by position.
+        timestep_position / timestep_name: where the model's timestep argument sits when passed by position, and
+            its keyword (`"timestep"`; HiDream's `"timesteps"`).
         timestep_scale: multiplies the timestep onto the 0..1000 scale (Flux passes 0..1).
         merge_only: True where only `mode="merge"` works (joint attention computes its keys and
             values inside the processor from the same tokens as the queries, so K/V pooling cannot
@@ -257,6 +279,7 @@ class Family:
     input_name = "hidden_states"
     input_position = 0
     timestep_position = 2
+    timestep_name = "timestep"
     timestep_scale = 1.0
     merge_only = False
     defaults: dict[str, Any] = {}
@@ -371,12 +394,12 @@ class Family:
         """
         if is_compiling():
             return None
-        timestep = argument(args, kwargs, self.timestep_position, "timestep")
+        timestep = argument(args, kwargs, self.timestep_position, self.timestep_name)
         return timestep if views_a_schedule(timestep) else None
 
     def timestep(self, args: tuple, kwargs: dict) -> object:
         """The timestep of this forward on the 0..1000 scale (tensor, number or None)."""
-        t = argument(args, kwargs, self.timestep_position, "timestep")
+        t = argument(args, kwargs, self.timestep_position, self.timestep_name)
         if t is None or self.timestep_scale == 1.0:
             return t
         return t * self.timestep_scale
