@@ -32,14 +32,14 @@ import diffusers.models.attention_dispatch as dispatch
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from diffusers import ContextParallelConfig, TensorParallelConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..apply import apply_tome
 from ..families import find_family
 from .dit import build_transformer, make_transformer_inputs
 from .meta import resolve_dtype
-from .rank_memory import GIB, RankMemory, available_memory, check_rank_memory
+from .parallel_request import ParallelRequest, ParallelSpec, parse_parallel
+from .rank_memory import GIB, RankMemory, available_memory, check_rank_memory, first_attention_queries
 
 __all__ = [
     "CollectiveBytes",
@@ -54,59 +54,6 @@ __all__ = [
 #: Families whose diffusers model has a context-parallel plan, and those with a tensor-parallel one.
 CONTEXT_PARALLEL_ARCHS = ("wan", "wan-i2v", "flux", "flux2", "qwenimage", "ltx", "ltx2")
 TENSOR_PARALLEL_ARCHS = ("flux", "flux2", "qwenimage")
-
-
-@dataclass(frozen=True)
-class ParallelSpec:
-    """How a model is split: `ulysses` x `ring` ranks of context parallelism, or `tp` ranks of tensor parallelism.
-
-    Example:
-        >>> parse_parallel("ulysses=2,ring=2").world_size
-        4
-    """
-
-    ulysses: int = 1
-    ring: int = 1
-    tp: int = 1
-
-    @property
-    def world_size(self) -> int:
-        """The processes it takes."""
-        return self.ulysses * self.ring * self.tp
-
-    def config(self) -> Any:
-        """diffusers' config for `enable_parallelism`."""
-        if self.tp > 1:
-            return TensorParallelConfig(tp_degree=self.tp)
-        return ContextParallelConfig(ulysses_degree=self.ulysses, ring_degree=self.ring)
-
-    def __str__(self) -> str:
-        parts = [f"{name}={value}" for name, value in (("ulysses", self.ulysses), ("ring", self.ring), ("tp", self.tp))]
-        return ",".join(part for part in parts if not part.endswith("=1"))
-
-
-def parse_parallel(text: str) -> ParallelSpec:
-    """`"ulysses=2"`, `"ring=2"`, `"ulysses=2,ring=2"` or `"tp=2"` as a `ParallelSpec`.
-
-    Raises:
-        ValueError: another name, a degree below 2, or tensor parallelism with context parallelism.
-
-    Example:
-        >>> parse_parallel("tp=2")
-        ParallelSpec(ulysses=1, ring=1, tp=2)
-    """
-    degrees: dict[str, int] = {}
-    for part in text.split(","):
-        name, _, value = part.strip().partition("=")
-        if name not in ("ulysses", "ring", "tp") or not value.isdigit() or int(value) < 2 or name in degrees:
-            raise ValueError(
-                "Expected --parallel as ulysses=N, ring=N, ulysses=N,ring=M or tp=N with each N >= 2, "
-                f"but got {text!r}."
-            )
-        degrees[name] = int(value)
-    if "tp" in degrees and len(degrees) > 1:
-        raise ValueError(f"Expected tensor parallelism alone (diffusers combines it with no other), but got {text!r}.")
-    return ParallelSpec(**degrees)
 
 
 class CollectiveBytes(TorchDispatchMode):
@@ -163,28 +110,6 @@ class ParallelRow:
     def speedup(self) -> float:
         """Median of the paired per-round speed-ups against the baseline."""
         return statistics.median(self.speedups) if self.speedups else 1.0
-
-
-@dataclass(frozen=True)
-class ParallelRequest:
-    """What the ranks build and run (passed to each spawned rank)."""
-
-    spec: ParallelSpec
-    arch: str
-    presets: tuple[str, ...]
-    ratios: tuple[float, ...]
-    rounds: int
-    warmup: int
-    resolution: int
-    width: int | None
-    frames: int | None
-    layers: int | None
-    batch: int
-    seed: int
-    threads: int
-    device: str
-    dtype: str
-    quick: bool
 
 
 def run_parallel_bench(
@@ -481,18 +406,6 @@ def _measure(request: ParallelRequest, rank: int) -> list[dict]:
     for name in names:
         rows[name].change = float((outputs[name].float() - base).abs().mean() / base.abs().mean())
     return [asdict(rows[name]) for name in names]
-
-
-def first_attention_queries(model: torch.nn.Module, run: Any) -> int:
-    """The queries the first merged self-attention of `model` projects in one forward (this rank's)."""
-    attention = find_family(model).blocks(model)[0].attentions[0].module
-    seen: list[int] = []
-    handle = attention.to_q.register_forward_pre_hook(lambda _, args: seen.append(int(args[0].shape[-2])))
-    try:
-        run()
-    finally:
-        handle.remove()
-    return seen[0] if seen else 0
 
 
 def format_parallel_rows(rows: Sequence[ParallelRow], spec: ParallelSpec) -> str:

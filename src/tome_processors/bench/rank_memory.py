@@ -44,7 +44,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import psutil
 import torch
@@ -61,9 +60,7 @@ from .dit import (
     make_transformer_inputs,
 )
 from .meta import resolve_dtype
-
-if TYPE_CHECKING:
-    from .parallel import ParallelRequest
+from .parallel_request import ParallelRequest
 
 __all__ = [
     "ACTIVATION_WIDTHS",
@@ -169,7 +166,6 @@ def _parameters(request: ParallelRequest, layers: int | None) -> int:
 def _sequence(request: ParallelRequest) -> tuple[int, int]:
     """The whole sequence's tokens at the first self-attention (one sample) and its width, from a one-block meta
     model's forward at the run's size."""
-    from .parallel import first_attention_queries  # the bench's own count (`bench.parallel` imports this module)
 
     model = build_transformer(request.arch, quick=request.quick, layers=1, device="meta", dtype=torch.float32)
     inputs = make_transformer_inputs(
@@ -316,3 +312,15 @@ def _largest_size(request: ParallelRequest, memory: RankMemory, budget: int) -> 
         return f"--frames {1 + (fitting - 1) * stride}" if fitting >= 1 else None
     resolution = math.floor(request.resolution * math.sqrt(scale) / 16) * 16
     return f"--resolution {resolution}" if resolution >= 16 else None
+
+
+def first_attention_queries(model: torch.nn.Module, run: Callable[[], object]) -> int:
+    """The queries the first merged self-attention of `model` projects in one forward (this rank's)."""
+    attention = find_family(model).blocks(model)[0].attentions[0].module
+    seen: list[int] = []
+    handle = attention.to_q.register_forward_pre_hook(lambda _, args: seen.append(int(args[0].shape[-2])))
+    try:
+        run()
+    finally:
+        handle.remove()
+    return seen[0] if seen else 0
