@@ -17,8 +17,9 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `WanTransformer3DModel` (and its derivatives `SkyReelsV2Transformer3DModel`, `WanVACETransformer3DModel`),
 `LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
 `HunyuanVideoTransformer3DModel`,
-`HunyuanVideo15Transformer3DModel` and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
-blocks). docs/families.md is the recipe for adding one.
+`HunyuanVideo15Transformer3DModel`, `Kandinsky5Transformer3DModel`, `Kandinsky6Transformer3DModel` and Stable
+Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks). `Kandinsky6SRTransformer3DModel` has a
+family only to be refused with the reason (its attention is block-sparse). docs/families.md is the recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -48,6 +49,7 @@ from .chroma import ChromaFamily, Flux2Family
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
+from .kandinsky import Kandinsky5Family, Kandinsky6Family, Kandinsky6SRFamily, KandinskyFamily
 from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
 from .qwenimage import QwenImageFamily
@@ -67,6 +69,10 @@ __all__ = [
     "HunyuanVideo15Family",
     "HunyuanVideoFamily",
     "IdsGridFamily",
+    "Kandinsky5Family",
+    "Kandinsky6Family",
+    "Kandinsky6SRFamily",
+    "KandinskyFamily",
     "LTX2Family",
     "LTXVideoFamily",
     "Layout",
@@ -114,6 +120,9 @@ FAMILIES: dict[str, type[Family]] = {
         LTX2Family,
         HunyuanVideoFamily,
         HunyuanVideo15Family,
+        Kandinsky5Family,
+        Kandinsky6Family,
+        Kandinsky6SRFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -136,6 +145,8 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "LTX2VideoTransformer3DModel",
         "HunyuanVideoTransformer3DModel",
         "HunyuanVideo15Transformer3DModel",
+        "Kandinsky5Transformer3DModel",
+        "Kandinsky6Transformer3DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )
