@@ -19,7 +19,8 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `HunyuanVideoTransformer3DModel`,
 `HunyuanVideo15Transformer3DModel`, `Kandinsky5Transformer3DModel`, `Kandinsky6Transformer3DModel` and Stable
 Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks). `Kandinsky6SRTransformer3DModel` has a
-family only to be refused with the reason (its attention is block-sparse). docs/families.md is the recipe for adding one.
+family only to be refused with the reason (its attention is block-sparse). docs/families.md is the recipe for
+adding one.
 
 Example:
     >>> from tome_processors.families import family_of

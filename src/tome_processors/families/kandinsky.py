@@ -133,35 +133,48 @@ class Kandinsky6SRFamily(Family):
     """`Kandinsky6SRTransformer3DModel` (Kandinsky 6.0's video super-resolution), refused.
 
     Its only attention is block-sparse, always: the forward reorders the tokens into 8x8 blocks (`_local_patch`) and
-    every self-attention builds a NABLA block mask over runs of 64 of them (`nabla_block_mask`, with a sliding-tile
-    prior sized for the whole grid) on the flex backend. Merged tokens would line up with neither, so the family
-    declares no block and `check_config` refuses the model with that reason at apply time.
+    every block's self-attention builds a NABLA block mask over runs of 64 of them (`nabla_block_mask`, with a
+    sliding-tile prior sized for the whole grid) on the flex backend. Merged tokens would line up with neither. The
+    family declares the blocks the model has (so that a `ToMeProcessor` set on them finds the model and refuses
+    too), and refuses the model with that reason wherever ToMe is asked to merge in it: `apply_tome`,
+    `enable_tome`, the first forward under `set_attn_processor(ToMeProcessor(...))` (`check_config`), and a preset's
+    configuration (`preset_options`).
 
     Example:
         >>> from tome_processors.families import FAMILIES
-        >>> FAMILIES["kandinsky6_sr"]().blocks(None)
-        []
+        >>> FAMILIES["kandinsky6_sr"]().preset_options("balanced")
+        Traceback (most recent call last):
+        ...
+        ValueError: Expected a model whose attention ToMe can merge, but got Kandinsky6SRTransformer3DModel: ...
     """
 
     name = "kandinsky6_sr"
     model_class = Kandinsky6SRTransformer3DModel
     video = True
     timestep_position = 1
-    defaults: dict[str, Any] = {}
-    presets: dict[str, dict[str, Any]] = {"exact": {}, "balanced": {}, "fast": {}}
 
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
-        return []  # nothing ToMe can merge (class doc)
+        return [
+            BlockSite(block, (AttentionSite(block.self_attention, False, Layout.ROTARY),), block.feed_forward)
+            for block in model.visual_transformer_blocks
+        ]
 
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
         return _grid_of_latent(model, argument(args, kwargs, self.input_position, self.input_name))
 
     def check_config(self, model: torch.nn.Module, config: Any) -> None:
-        raise ValueError(
-            f"Expected a model whose attention ToMe can merge, but got {type(model).__name__}: its forward reorders "
-            "the tokens into 8x8 blocks and every self-attention is NABLA block-sparse attention over runs of 64 of "
-            "them (a block mask on the flex backend), which merged tokens would no longer line up with. ToMe cannot "
-            "merge in this model."
+        raise self.refusal()
+
+    def preset_options(self, name: str, model: torch.nn.Module | None = None) -> dict[str, Any]:
+        raise self.refusal()
+
+    def refusal(self) -> ValueError:
+        """Why ToMe cannot merge in this model (class doc)."""
+        return ValueError(
+            f"Expected a model whose attention ToMe can merge, but got {self.model_class.__name__}: its forward "
+            "reorders the tokens into 8x8 blocks and every self-attention is NABLA block-sparse attention over runs "
+            "of 64 of them (a block mask on the flex backend), which merged tokens would no longer line up with. "
+            "ToMe cannot merge in this model."
         )
 
 
