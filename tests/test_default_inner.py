@@ -23,7 +23,6 @@ from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, Fl
 
 import tome_processors as tp
 from test_composition import EMBED_DIM, ip_adapter_state_dict
-from test_kandinsky import tiny_kandinsky6_sr
 from test_wan_derivatives import tiny_skyreels_v2, tiny_wan_vace, vace_inputs
 from tome_processors import ToMeConfig, ToMeProcessor
 from tome_processors.apply import inner_processor
@@ -65,10 +64,7 @@ MODELS = {
     "hunyuanvideo15": (tiny_hunyuanvideo15, lambda model: hunyuanvideo15_inputs()),
     **{name: (CASES[name].build, lambda model, name=name: CASES[name].inputs()) for name in NEW_FAMILY_CASES},
     **{name: (TABLE[name].build, lambda model, name=name: TABLE[name].inputs()) for name in TABLE_FAMILY_CASES},
-    "kandinsky6_sr": (tiny_kandinsky6_sr, None),
 }
-#: Families that refuse every model of theirs (tests/test_kandinsky.py checks that they do), and why.
-REFUSED = {"kandinsky6_sr": "Kandinsky 6's super-resolution model: its attention is block-sparse"}
 
 
 def forward(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
@@ -90,8 +86,6 @@ def test_every_family_knows_the_processor_its_attention_is_built_with():
 @pytest.mark.parametrize("ratio", [0.0, 0.5])
 @pytest.mark.parametrize("family", sorted(MODELS))
 def test_set_attn_processor_alone_works_on_every_family(family, ratio):
-    if family in REFUSED:
-        pytest.skip(REFUSED[family])
     build, call = MODELS[family]
     model = build()
     if not hasattr(model, "set_attn_processor"):  # Z-Image's transformer has none: apply_tome is the way

@@ -9,14 +9,16 @@ import warnings
 
 import pytest
 import torch
-from diffusers import Kandinsky6SRTransformer3DModel
+from diffusers import Kandinsky5T2VPipeline, Kandinsky6SRTransformer3DModel
+from diffusers.models.attention_dispatch import AttentionBackendName
 from diffusers.models.transformers.transformer_kandinsky6 import Kandinsky6AttnProcessor
 
 import tome_processors as tp
-from tome_processors.families import Kandinsky6SRFamily, Layout, family_of
+from tome_processors.families import Layout, family_of, find_family
 from tome_processors.merge import bipartite_soft_matching_2d
 from tome_processors.pays import attention_width
 from tome_processors.rotary_attention import merged_rotations
+from tome_processors.skips import ToMeSkipWarning
 
 from family_cases import CASES
 from family_cases.kandinsky import (
@@ -27,6 +29,7 @@ from family_cases.kandinsky import (
     kandinsky5_inputs,
     kandinsky6_inputs,
     tiny_kandinsky5,
+    tiny_kandinsky5_video_pipeline,
     tiny_kandinsky6,
 )
 
@@ -126,12 +129,41 @@ def test_nabla_kandinsky5_is_refused_at_apply_time_with_the_reason():
         forward(model, kandinsky5_inputs())
 
 
-def test_a_kandinsky5_forward_given_sparse_params_merges_nothing():
-    # Its tokens then come in 8x8 blocks and attend through a block mask: no grid ToMe can merge on.
+def test_nabla_kandinsky5_pipeline_is_refused_before_anything_changes(tmp_path):
+    pipe = tiny_kandinsky5_video_pipeline(tmp_path)
+    pipe.transformer.register_to_config(attention_type="nabla")
+    with pytest.raises(ValueError, match="NABLA"):
+        tp.apply_tome(pipe)
+    tp.patch_pipelines()
+    try:
+        with pytest.raises(ValueError, match="NABLA"):
+            pipe.enable_tome()
+    finally:
+        tp.unpatch_pipelines()
+    assert not tp.is_tome_applied(pipe)
+
+
+def test_a_kandinsky5_forward_given_sparse_params_merges_nothing_and_says_so():
+    # Its tokens then come in 8x8 blocks and attend through a NABLA block mask: no grid ToMe can merge on. Called so
+    # on a model configured with regular attention (apply_tome accepts it), on the flex backend NABLA needs.
     model = tiny_kandinsky5()
-    family = family_of(model)
-    assert family.token_grid(model, (), {**kandinsky5_inputs(), "sparse_params": {"to_fractal": True}}) is None
-    assert family.token_grid(model, (), {**kandinsky5_inputs(), "sparse_params": None}) == (FRAMES, H, W)
+    for block in model.visual_transformer_blocks:  # (`set_attention_backend` would set it for every later test too)
+        block.self_attention.processor._attention_backend = AttentionBackendName.FLEX
+    frames, h, w = 2, 8, 8  # whole 8x8 blocks of tokens
+    sta = Kandinsky5T2VPipeline.fast_sta_nabla(frames, h // 8, w // 8, 3, 3, 3, device="cpu")
+    sparse = {"sta_mask": sta[None, None], "to_fractal": True, "P": 0.9}
+    inputs = kandinsky5_inputs(frames=frames) | {"sparse_params": sparse}
+    inputs["hidden_states"] = torch.randn(2, frames, 2 * h, 2 * w, inputs["hidden_states"].shape[-1])
+    inputs["visual_rope_pos"] = [torch.arange(frames), torch.arange(h), torch.arange(w)]
+    assert family_of(model).token_grid(model, (), inputs) is None
+    assert family_of(model).token_grid(model, (), {**inputs, "sparse_params": None}) == (frames, h, w)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex.*", category=UserWarning)  # torch: flex run eagerly
+        plain = forward(model, inputs)
+        tp.apply_tome(model, ratio=0.5)
+        with pytest.warns(ToMeSkipWarning, match="no token grid"):
+            assert torch.equal(forward(model, inputs), plain)
+    tp.remove_tome(model)
 
 
 def tiny_kandinsky6_sr() -> Kandinsky6SRTransformer3DModel:
@@ -142,23 +174,25 @@ def tiny_kandinsky6_sr() -> Kandinsky6SRTransformer3DModel:
     ).eval()  # fmt: skip
 
 
-def test_kandinsky6_super_resolution_is_refused_with_the_reason():
+def test_kandinsky6_super_resolution_is_refused_with_the_reason(tmp_path):
     model = tiny_kandinsky6_sr()
-    family = family_of(model)
-    assert isinstance(family, Kandinsky6SRFamily)
-    (site,) = family.blocks(model)  # declared (a ToMeProcessor set on it finds the model), and refused
-    assert site.attentions[0].module is model.visual_transformer_blocks[0].self_attention
+    assert find_family(model) is None  # no family: what ToMe cannot merge in is refused, saying why
     for options in ({"ratio": 0.5}, {"preset": "balanced"}, {}):
         with pytest.raises(ValueError, match="block-sparse"):
             tp.apply_tome(model, **options)
         assert not tp.is_tome_applied(model)
     with pytest.raises(ValueError, match="block-sparse"):
         tp.ToMeConfig.from_preset("fast", model)
+    with pytest.raises(ValueError, match="block-sparse"):
+        tp.explain_tome(model, 512, 512, print_table=False)
+    # A ToMeProcessor set on it alone merges nothing, and says so once: the model's own output.
     inputs = {"hidden_states": torch.randn(1, 1, 8, 8, 9), "timestep": torch.tensor([500.0])}
-    model.set_attn_processor(tp.ToMeProcessor(ratio=0.5))
-    with warnings.catch_warnings(), pytest.raises(ValueError, match="block-sparse"):
-        warnings.simplefilter("ignore")  # diffusers: flex attention run eagerly
-        forward(model, inputs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex.*")  # diffusers: flex attention run eagerly on the CPU
+        plain = forward(model, inputs)
+        model.set_attn_processor(tp.ToMeProcessor(ratio=0.5))
+        with pytest.warns(UserWarning, match="ToMe merges nothing in Kandinsky6SRTransformer3DModel"):
+            assert torch.equal(forward(model, inputs), plain)
 
 
 def test_kandinsky6_text_mask_covers_the_keys_alone_and_merges_with_cross_attention():

@@ -18,9 +18,9 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
 `HunyuanVideoTransformer3DModel`,
 `HunyuanVideo15Transformer3DModel`, `Kandinsky5Transformer3DModel`, `Kandinsky6Transformer3DModel` and Stable
-Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks). `Kandinsky6SRTransformer3DModel` has a
-family only to be refused with the reason (its attention is block-sparse). docs/families.md is the recipe for
-adding one.
+Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks). Some models are refused with the reason
+(`REFUSED`: Kandinsky 6's super-resolution transformer, whose attention is block-sparse). docs/families.md is the
+recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -50,7 +50,8 @@ from .chroma import ChromaFamily, Flux2Family
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
-from .kandinsky import Kandinsky5Family, Kandinsky6Family, Kandinsky6SRFamily, KandinskyFamily
+from .kandinsky import REFUSED as _KANDINSKY_REFUSED
+from .kandinsky import Kandinsky5Family, Kandinsky6Family, KandinskyFamily
 from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
 from .qwenimage import QwenImageFamily
@@ -72,7 +73,6 @@ __all__ = [
     "IdsGridFamily",
     "Kandinsky5Family",
     "Kandinsky6Family",
-    "Kandinsky6SRFamily",
     "KandinskyFamily",
     "LTX2Family",
     "LTXVideoFamily",
@@ -84,6 +84,7 @@ __all__ = [
     "SVDFamily",
     "SkyReelsV2Family",
     "Span",
+    "REFUSED",
     "SUPPORTED",
     "Stack",
     "UNetFamily",
@@ -123,7 +124,6 @@ FAMILIES: dict[str, type[Family]] = {
         HunyuanVideo15Family,
         Kandinsky5Family,
         Kandinsky6Family,
-        Kandinsky6SRFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -153,6 +153,11 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
 )
 
 
+#: Model classes ToMe refuses, each with why: `family_of` (and so `apply_tome`, `enable_tome`, `explain_tome`) raises
+#: that instead of naming the supported families. No family matches them.
+REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED}
+
+
 def find_family(model: torch.nn.Module) -> Family | None:
     """A fresh `Family` for `model`, or None when ToMe does not support it."""
     for cls in FAMILIES.values():
@@ -163,8 +168,12 @@ def find_family(model: torch.nn.Module) -> Family | None:
 
 
 def family_of(model: Any) -> Family:
-    """The `Family` of `model`; a `ValueError` naming the model's class when it is not supported."""
+    """The `Family` of `model`; a `ValueError` naming the model's class when it is not supported (saying why where
+    ToMe refuses it: `REFUSED`)."""
     family = find_family(model) if isinstance(model, torch.nn.Module) else None
     if family is None:
+        for refused, why in REFUSED.items():
+            if isinstance(model, refused):
+                raise ValueError(why)
         raise ValueError(f"Expected a supported model family ({SUPPORTED}), but got {type(model).__name__}.")
     return family

@@ -1,7 +1,7 @@
 """Kandinsky 5 and Kandinsky 6: diffusion transformers over a `(frames, h, w)` grid of patch tokens of channels-last
 latents `(B, T, H, W, C)`, with 3-D rotary self-attention over the video (or the one frame of an image) and
-cross-attention to the text; and Kandinsky 6's super-resolution transformer, whose block-sparse attention ToMe
-refuses."""
+cross-attention to the text; and Kandinsky 6's super-resolution transformer, refused with the reason (`REFUSED`:
+its attention is block-sparse)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ class Kandinsky5Family(KandinskyFamily):
     attends from the video tokens to the text (`merge_crossattn`), `feed_forward` is merged with `merge_mlp`. The
     text blocks (`text_transformer_blocks`, 1-D rotary over the text alone) are never wrapped.
 
-    NABLA: a model configured with `attention_type="nabla"` (Kandinsky 5.0 Video Pro, Lite's 10 s models) gets
+    NABLA: a model configured with `attention_type="nabla"` (as the original code configures Lite's 10 s models and
+    Video Pro) gets
     `sparse_params` from its pipelines (`get_sparse_params`). Its forward then reorders the video tokens into 8x8
     blocks (`fractal_flatten`), and its processor builds a block mask over runs of 64 consecutive tokens of the
     whole sequence (`nablaT_v2`, with the pipeline's STA mask sized for the whole grid): merged tokens would line up
@@ -107,7 +108,7 @@ class Kandinsky6Family(KandinskyFamily):
     block's first input is the video tokens, the merge metric. The audio stream's attention and the video-audio
     cross-attentions (`va_cross_attention`, `av_cross_attention`) are never wrapped: they run on every token. The
     grid is the latent's, the image-to-video reference frame (appended as one more frame) included. Kandinsky 6 has
-    no block-sparse attention (its super-resolution model has: `Kandinsky6SRFamily`).
+    no block-sparse attention (its super-resolution model has, and is refused: `REFUSED`).
 
     Example:
         >>> from tome_processors.families import FAMILIES
@@ -129,53 +130,19 @@ class Kandinsky6Family(KandinskyFamily):
         return sites
 
 
-class Kandinsky6SRFamily(Family):
-    """`Kandinsky6SRTransformer3DModel` (Kandinsky 6.0's video super-resolution), refused.
-
-    Its only attention is block-sparse, always: the forward reorders the tokens into 8x8 blocks (`_local_patch`) and
-    every block's self-attention builds a NABLA block mask over runs of 64 of them (`nabla_block_mask`, with a
-    sliding-tile prior sized for the whole grid) on the flex backend. Merged tokens would line up with neither. The
-    family declares the blocks the model has (so that a `ToMeProcessor` set on them finds the model and refuses
-    too), and refuses the model with that reason wherever ToMe is asked to merge in it: `apply_tome`,
-    `enable_tome`, the first forward under `set_attn_processor(ToMeProcessor(...))` (`check_config`), and a preset's
-    configuration (`preset_options`).
-
-    Example:
-        >>> from tome_processors.families import FAMILIES
-        >>> FAMILIES["kandinsky6_sr"]().preset_options("balanced")
-        Traceback (most recent call last):
-        ...
-        ValueError: Expected a model whose attention ToMe can merge, but got Kandinsky6SRTransformer3DModel: ...
-    """
-
-    name = "kandinsky6_sr"
-    model_class = Kandinsky6SRTransformer3DModel
-    video = True
-    timestep_position = 1
-
-    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
-        return [
-            BlockSite(block, (AttentionSite(block.self_attention, False, Layout.ROTARY),), block.feed_forward)
-            for block in model.visual_transformer_blocks
-        ]
-
-    def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
-        return _grid_of_latent(model, argument(args, kwargs, self.input_position, self.input_name))
-
-    def check_config(self, model: torch.nn.Module, config: Any) -> None:
-        raise self.refusal()
-
-    def preset_options(self, name: str, model: torch.nn.Module | None = None) -> dict[str, Any]:
-        raise self.refusal()
-
-    def refusal(self) -> ValueError:
-        """Why ToMe cannot merge in this model (class doc)."""
-        return ValueError(
-            f"Expected a model whose attention ToMe can merge, but got {self.model_class.__name__}: its forward "
-            "reorders the tokens into 8x8 blocks and every self-attention is NABLA block-sparse attention over runs "
-            "of 64 of them (a block mask on the flex backend), which merged tokens would no longer line up with. "
-            "ToMe cannot merge in this model."
-        )
+#: The model classes of this module ToMe refuses, each with why (`families.family_of` raises it). Kandinsky 6.0's
+#: super-resolution transformer: its only attention is block-sparse, always. Its forward reorders the tokens into 8x8
+#: blocks (`_local_patch` in transformer_kandinsky6_sr.py) and every block's self-attention builds a NABLA block mask
+#: over runs of 64 of them (`nabla_block_mask`, with a sliding-tile prior sized for the whole grid) on the flex
+#: backend; merged tokens would line up with neither.
+REFUSED: dict[type, str] = {
+    Kandinsky6SRTransformer3DModel: (
+        "Expected a model whose attention ToMe can merge, but got Kandinsky6SRTransformer3DModel: its forward "
+        "reorders the tokens into 8x8 blocks and every self-attention is NABLA block-sparse attention over runs of 64 "
+        "of them (a block mask on the flex backend), which merged tokens would no longer line up with. ToMe cannot "
+        "merge in this model."
+    )
+}
 
 
 def _block_site(
