@@ -22,9 +22,18 @@ from diffusers.models.transformers.transformer_flux2 import (
     Flux2ParallelSelfAttention,
     Flux2ParallelSelfAttnProcessor,
 )
+from diffusers.models.transformers.transformer_flux3 import Flux3Attention, Flux3AttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageAttnProcessor
+from diffusers.models.transformers.transformer_krea2 import Krea2Attention, Krea2AttnProcessor
+from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttention, LongCatImageAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0, apply_rotary_emb_qwen
+from diffusers.models.transformers.transformer_qwenimage21 import (
+    QwenImage21Attention,
+    QwenImage21AttnProcessor,
+    QwenImage21FlexAttnProcessor,
+)
 
 import tome_processors as tp
 from tome_processors.batched_rotary import SAMPLE_TABLE_PROCESSORS, SampleTables, sample_tables, takes_sample_tables
@@ -116,7 +125,8 @@ def _flux2_parallel() -> tuple[torch.nn.Module, object, dict]:
 
 
 def _hunyuanvideo(single: bool, processor: type = HunyuanVideoAttnProcessor2_0) -> tuple[torch.nn.Module, object, dict]:
-    """HunyuanVideo's double-stream (added K/V) or single-stream attention; its tables cover the image alone."""
+    """HunyuanVideo's double-stream (added K/V) or single-stream attention; its tables cover the image alone.
+    HunyuanImage 2.1's blocks build the same attention modules (with `HunyuanImageAttnProcessor`)."""
     joint = {} if single else {"added_kv_proj_dim": DIM, "context_pre_only": False}
     attn = Attention(DIM, dim_head=HEAD_DIM, heads=HEADS, out_dim=DIM, bias=True, qk_norm="rms_norm", eps=1e-6,
                      pre_only=single, **joint)  # fmt: skip
@@ -131,16 +141,45 @@ def _qwenimage() -> tuple[torch.nn.Module, object, dict]:
     return attn, QwenDoubleStreamAttnProcessor2_0(), {"text": True, "qwen": True}
 
 
+def _flux3() -> tuple[torch.nn.Module, object, dict]:
+    return Flux3Attention(DIM, HEADS, HEAD_DIM), Flux3AttnProcessor(), {"text": False}
+
+
+def _krea2() -> tuple[torch.nn.Module, object, dict]:
+    """Krea 2's attention: grouped-query (one key/value head for two query heads) and a sigmoid output gate."""
+    return Krea2Attention(DIM, HEADS, num_kv_heads=1), Krea2AttnProcessor(), {"text": False}
+
+
+def _longcat(single: bool) -> tuple[torch.nn.Module, object, dict]:
+    joint = {} if single else {"added_kv_proj_dim": DIM, "context_pre_only": False}
+    attn = LongCatImageAttention(DIM, heads=HEADS, dim_head=HEAD_DIM, out_dim=DIM, bias=True, pre_only=single, **joint)
+    return attn, LongCatImageAttnProcessor(), {"text": not single}
+
+
+def _qwenimage21(processor: type) -> tuple[torch.nn.Module, object, dict]:
+    """Qwen-Image 2.1's single-stream attention (as in its cached steps: no block-causal mask), its complex table over
+    the whole sequence."""
+    return QwenImage21Attention(DIM, HEADS, HEAD_DIM), processor(), {"text": False, "qwen21": True}
+
+
 PROCESSORS = {
     "flux-joint": _flux_joint,
     "flux-single": _flux_single,
     "flux-ip-adapter": _flux_ip_adapter,
     "flux2-joint": _flux2_joint,
     "flux2-parallel": _flux2_parallel,
+    "flux3": _flux3,
+    "krea2": _krea2,
+    "longcat-joint": lambda: _longcat(single=False),
+    "longcat-single": lambda: _longcat(single=True),
     "hunyuanvideo-double": lambda: _hunyuanvideo(single=False),
     "hunyuanvideo-single": lambda: _hunyuanvideo(single=True),
     "hunyuanvideo15": lambda: _hunyuanvideo(single=False, processor=HunyuanVideo15AttnProcessor2_0),
+    "hunyuanimage-double": lambda: _hunyuanvideo(single=False, processor=HunyuanImageAttnProcessor),
+    "hunyuanimage-single": lambda: _hunyuanvideo(single=True, processor=HunyuanImageAttnProcessor),
     "qwenimage": _qwenimage,
+    "qwenimage21": lambda: _qwenimage21(QwenImage21AttnProcessor),
+    "qwenimage21-flex": lambda: _qwenimage21(QwenImage21FlexAttnProcessor),
 }
 
 
@@ -158,7 +197,10 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
     batch = 2
     image = torch.randn(batch, ROWS, DIM, generator=g)
     text = torch.randn(batch, TEXT, DIM, generator=g) if parts["text"] else None
-    if parts.get("qwen"):  # (image, text): the image's table per sample, the text's one for the batch
+    if parts.get("qwen21"):  # one complex table over the sequence, per sample
+        table = per_sample_complex(batch, ROWS)
+        batched_rotary, alone_rotary = SampleTables(table), list(table)
+    elif parts.get("qwen"):  # (image, text): the image's table per sample, the text's one for the batch
         table, text_table = per_sample_complex(batch, ROWS), per_sample_complex(1, TEXT, seed=3)[0]
         batched_rotary, alone_rotary = (SampleTables(table), text_table), [(t, text_table) for t in table]
     else:
@@ -175,6 +217,8 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
             extra["attention_mask"] = pick(mask)
         if parts.get("qwen"):
             extra["encoder_hidden_states_mask"] = pick(mask)
+        if parts.get("qwen21"):
+            return processor(attn, pick(image), rotary_emb=rotary, **extra)
         if parts["text"]:
             return processor(attn, pick(image), pick(text), image_rotary_emb=rotary, **extra)
         return processor(attn, pick(image), image_rotary_emb=rotary, **extra)

@@ -1,4 +1,5 @@
-"""`tome-processors bench --parallel`: ranks spawned on the CPU, seconds per forward and the collectives' bytes."""
+"""`tome-processors bench --parallel`: ranks spawned on the CPU, seconds per forward and the collectives' bytes; the
+memory a rank is estimated to take, checked before any is spawned, and a rank killed mid-run named with its signal."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 
 import pytest
 
+import dying_rank
 from tome_processors.bench.parallel import ParallelSpec, parse_parallel, run_parallel_bench
 from tome_processors.cli.main import main
 
@@ -122,3 +124,129 @@ def test_one_process_holds_what_its_presets_keep_of_a_clip():
     # 480x832, 33 frames: the video presets' 2 x 2 x 2 windows keep 2 of 8 (balanced) or fewer (fast).
     kept = one_process_kept("wan", 480, 832, 33, ["balanced", "fast"])
     assert kept["baseline"] == 1.0 and kept["balanced"] == 0.25 and 0.125 <= kept["fast"] < kept["balanced"]
+
+
+def _request(layers=None, frames=None, presets=("balanced",), spec="ulysses=2", arch="wan"):
+    from tome_processors.bench.parallel import ParallelRequest
+
+    return ParallelRequest(
+        parse_parallel(spec), arch, presets, (), 1, 1, 480, 832, frames, layers, 1, 0, 1, "cpu", "float32",
+        False,
+    )  # fmt: skip
+
+
+def test_a_rank_holds_its_copies_the_activations_of_its_tokens_and_its_process():
+    from tome_processors.bench.rank_memory import (
+        ACTIVATION_WIDTHS,
+        GIB,
+        PROCESS_BYTES,
+        RankMemory,
+        estimate_rank_memory,
+    )
+
+    # 1 B parameters, 2 rows (2 copies) in float32: 8 GB; 1,000 tokens x 1,000 wide x 40 widths x 4 bytes: 0.16 GB.
+    memory = RankMemory(parameters=10**9, copies=2, element_size=4, tokens=1_000, width=1_000)
+    assert ACTIVATION_WIDTHS == 40 and PROCESS_BYTES == GIB // 2
+    assert (memory.weight_bytes, memory.activation_bytes) == (8 * 10**9, 160 * 10**6)
+    assert memory.total_bytes == 8 * 10**9 + 160 * 10**6 + GIB // 2
+    # bfloat16: the float32 build (4 bytes a parameter) is more than 1 copy at 2 bytes; 3 copies are more than it.
+    assert RankMemory(10**9, 1, 2, 0, 1).weight_bytes == 4 * 10**9
+    assert RankMemory(10**9, 3, 2, 0, 1).weight_bytes == 6 * 10**9
+    # Wan2.1-1.3B under Ulysses-2: 480 x 832, 33 frames is 9 latent frames of 30 x 52 tokens, half of them a rank;
+    # 81 frames is 21 latent frames. Each block adds its parameters to each copy.
+    one = estimate_rank_memory(_request(layers=1))
+    assert (one.copies, one.tokens, one.width, one.element_size) == (2, 9 * 30 * 52 // 2, 1536, 4)
+    longer = estimate_rank_memory(_request(layers=1, frames=81))
+    assert longer.tokens == 21 * 30 * 52 // 2 and longer.parameters == one.parameters
+    assert longer.total_bytes - one.total_bytes == ACTIVATION_WIDTHS * (21 - 9) * 30 * 52 // 2 * 1536 * 4
+    deeper = estimate_rank_memory(_request(layers=2))
+    assert deeper.tokens == one.tokens and deeper.parameters > one.parameters
+    assert deeper.total_bytes - one.total_bytes == 2 * 4 * (deeper.parameters - one.parameters)
+    whole = estimate_rank_memory(_request())
+    assert 1.40e9 < whole.parameters < 1.45e9  # Wan2.1-1.3B: 1.42 B
+    # More rows, more copies; ring attention splits the tokens alike; tensor parallelism keeps them all.
+    assert estimate_rank_memory(_request(layers=1, presets=("balanced", "fast"))).copies == 3
+    assert estimate_rank_memory(_request(layers=1, spec="ring=2")).tokens == one.tokens
+
+
+def test_the_refusal_names_the_estimate_and_sizes_that_fit():
+    from tome_processors.bench.rank_memory import GIB, NotEnoughMemory, check_rank_memory, estimate_rank_memory
+
+    # The whole Wan, 2 copies: 12.68 GiB a rank; 16 GiB for 2 ranks is 8 a rank. The weights alone are more than 8,
+    # so fewer frames cannot help; fewer blocks can.
+    with pytest.raises(NotEnoughMemory) as refused:
+        check_rank_memory(_request(), available=16 * GIB)
+    message = str(refused.value)
+    assert "a rank would take about 12.68 GiB and 16.00 GiB is available, 8.00 GiB a rank" in message
+    assert "2 copies of the model" in message and "7,020 tokens" in message
+    layers = int(message.split("--layers ")[1].split(".")[0])
+    assert estimate_rank_memory(_request(layers=layers)).total_bytes <= 8 * GIB
+    assert estimate_rank_memory(_request(layers=layers + 1)).total_bytes > 8 * GIB
+    assert "Not --frames alone" in message and "--ignore-memory-estimate" in message
+    # One block at 81 frames: the activations (3.37 GiB) are what does not fit 3 GiB a rank: fewer frames do.
+    with pytest.raises(NotEnoughMemory) as refused:
+        check_rank_memory(_request(layers=1, frames=81), available=6 * GIB)
+    message = str(refused.value)
+    frames = int(message.split("--frames ")[1].split(".")[0].split(";")[0])
+    assert frames < 81 and (frames - 1) % 4 == 0
+    assert estimate_rank_memory(_request(layers=1, frames=frames)).total_bytes <= 3 * GIB
+    assert estimate_rank_memory(_request(layers=1, frames=frames + 4)).total_bytes > 3 * GIB
+    assert "--layers" not in message.split("What would fit")[1]  # it has one block already
+    # What fits is let through, with its estimate.
+    assert check_rank_memory(_request(layers=1), available=8 * GIB).tokens == 7020
+
+
+def test_the_command_refuses_the_default_wan_run_before_spawning_a_rank(monkeypatch, capsys):
+    import tome_processors.bench.parallel as parallel
+    import tome_processors.bench.rank_memory as rank_memory
+
+    monkeypatch.setattr(rank_memory, "available_memory", lambda: 8 * rank_memory.GIB)
+    monkeypatch.setattr(parallel, "_spawn", lambda *args: pytest.fail("a rank was spawned"))
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "--parallel", "ulysses=2", "--arch", "wan"])  # every preset: 4 copies of the whole model
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert "a rank would take about 23.25 GiB and 8.00 GiB is available, 4.00 GiB a rank" in error, error
+    assert "4 copies of the model" in error and "What would fit, each alone: --layers " in error
+    # --ignore-memory-estimate goes on to spawn the ranks.
+    spawned = []
+    row = {"name": "baseline", "seconds": [1.0], "speedups": [1.0]}
+    monkeypatch.setattr(parallel, "_spawn", lambda *args: spawned.append(args) or [[row]])
+    assert main(["bench", "--parallel", "ulysses=2", "--arch", "wan", "--ignore-memory-estimate"]) == 0
+    assert spawned and spawned[0][3] is None  # no estimate to report a death with
+
+
+@pytest.mark.parametrize("target", ["killed_beside_a_failing_rank", "killed_beside_a_waiting_rank"])
+def test_a_killed_rank_is_named_with_its_signal_and_the_estimate(target):
+    from tome_processors.bench.parallel import RankDied, _spawn
+    from tome_processors.bench.rank_memory import RankMemory
+
+    memory = RankMemory(parameters=10**9, copies=2, element_size=4, tokens=1_000, width=1_000)  # 8.10 GiB
+    with pytest.raises(RankDied) as died:
+        _spawn(getattr(dying_rank, target), 2, None, memory)
+    message = str(died.value)
+    assert message.startswith("rank 1 of the 2 ranks of the parallel bench was killed by SIGKILL")
+    assert "killed by the operating system, likely for memory: a rank was estimated at 8.10 GiB" in message
+    if target == "killed_beside_a_failing_rank":  # gloo's error on rank 0 comes after, as a consequence
+        assert message.endswith("rank 0: RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                                "[127.0.0.1]:29500")  # fmt: skip
+
+
+def test_a_rank_s_own_error_is_still_raised_with_its_traceback():
+    from tome_processors.bench.parallel import RankDied, _spawn
+
+    with pytest.raises(RuntimeError, match="rank 0 of the parallel bench failed:\nTraceback") as failed:
+        _spawn(dying_rank.both_failing, 2, None)
+    assert not isinstance(failed.value, RankDied)
+
+
+def test_the_command_reports_a_dead_rank_as_an_error(monkeypatch, capsys):
+    import tome_processors.cli.bench_command as bench_command
+    from tome_processors.bench.parallel import RankDied
+
+    def die(*args, **kwargs):
+        raise RankDied("rank 1 of the 2 ranks of the parallel bench was killed by SIGKILL")
+
+    monkeypatch.setattr(bench_command, "run_parallel_bench", die)
+    assert main(["bench", "--parallel", "ulysses=2", "--arch", "wan", "--quick"]) == 1
+    assert "error: rank 1 of the 2 ranks of the parallel bench was killed by SIGKILL" in capsys.readouterr().err

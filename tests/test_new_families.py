@@ -324,9 +324,9 @@ def _merges_of_a_forward(model: torch.nn.Module, inputs: dict) -> list:
     seen = []
     original = joint_attention._call
 
-    def recording(inner, attn, merged, args, kwargs, merge, spec, at):
+    def recording(inner, attn, merged, args, kwargs, merge, spec, *where):
         seen.append((merged.shape[1], merge))
-        return original(inner, attn, merged, args, kwargs, merge, spec, at)
+        return original(inner, attn, merged, args, kwargs, merge, spec, *where)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(joint_attention, "_call", recording)

@@ -16,7 +16,7 @@ from tome_processors.families import FAMILIES, family_of
 from tome_processors.hooks import context_of
 from tome_processors.pipeline import tome_config_of
 
-from family_cases import CASES as TABLE
+from family_cases import CASES as TABLE_CASES
 from models import tiny_unet
 from pipelines import svd_inputs, tiny_sd_pipeline, tiny_svd_unet
 from test_dit import ARCHS
@@ -58,9 +58,9 @@ def model_and_inputs(family: str) -> tuple[torch.nn.Module, dict]:
         return tiny_hunyuanvideo(), hunyuanvideo_inputs()
     if family == "hunyuanvideo15":
         return tiny_hunyuanvideo15(), hunyuanvideo15_inputs()
-    case = next((case for case in TABLE.values() if case.family == family), None)
-    if case is not None:  # the families of the table (tests/family_cases/): their first case
-        return case.build(), case.inputs()
+    table = [case for case in TABLE_CASES.values() if case.family == family]  # tests/family_cases/
+    if table:
+        return table[0].build(), table[0].inputs()
     return ARCHS[family].build(), ARCHS[family].inputs()
 
 

@@ -173,7 +173,7 @@ def apply_tome(
             attn.set_processor(ToMeProcessor(inner, model_config))
         context.keeper.install()  # ToMe stays on through fusing, IP-Adapter loading, ... (keeper.py)
         warn_replaced_forwards(model, context.slotted, stacklevel=2)  # a forward that runs no processor (T-GATE's)
-        logger.debug("ToMe applied to %s: %d blocks", type(model).__name__, len(context.blocks))
+        logger.debug("ToMe applied to %s: %d blocks", type(model).__name__, len(context.block_modules))
     if not isinstance(model_or_pipeline, torch.nn.Module):  # `ratio_start` finds its timesteps on the host
         watch_schedule(model_or_pipeline, models)
     return model_or_pipeline

@@ -32,7 +32,6 @@ import sys
 import threading
 import warnings
 import weakref
-from types import FrameType
 from typing import Any
 
 import torch
@@ -40,6 +39,7 @@ from diffusers import ModelMixin
 
 from ._similarity import is_compiling
 from .built import missing_inner_error, rebuilt_processor
+from .calls import module_calls
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
 from .families import SUPPORTED, find_family
@@ -48,7 +48,6 @@ from .replaced import warn_replaced_forwards
 
 logger = logging.getLogger(__name__)
 
-_CALL_IMPL = torch.nn.Module._call_impl.__code__  # the frame of every `module(...)` call
 _lock = threading.Lock()
 
 
@@ -91,7 +90,7 @@ def _attach_from_stack(
     passed_through: PassedThrough,
     replace_built: bool = False,
 ) -> AttentionSlot | None:
-    calls = _module_calls(sys._getframe(1))
+    calls = module_calls(sys._getframe(1))
     with _lock:
         slot = getattr(attn, SLOT_ATTR, None)  # another thread may have attached meanwhile
         if slot is None:
@@ -179,7 +178,7 @@ def _attach_before_tracing(*_: object) -> None:
     the first compiled call merges as an eager one, in one graph. It costs a walk of the stack per frame
     compiled, and one of the model's modules while it has ToMe processors and no context.
     """
-    calls = _module_calls(sys._getframe(1))
+    calls = module_calls(sys._getframe(1))
     for model, _, _ in calls:
         if not isinstance(model, ModelMixin) or context_of(model) is not None:
             continue
@@ -215,7 +214,7 @@ def built_processor_for_call(attn: torch.nn.Module) -> type | None:
     For the attention modules a `ToMeProcessor()` merges nothing in: LTX-2.3 builds its audio stream's with a
     processor other than its class's default.
     """
-    for model, _, _ in _module_calls(sys._getframe(1)):
+    for model, _, _ in module_calls(sys._getframe(1)):
         if not isinstance(model, ModelMixin) or not any(module is attn for module in attention_modules(model)):
             continue
         family = find_family(model)
@@ -227,20 +226,6 @@ def built_processor_for_call(attn: torch.nn.Module) -> type | None:
             raise missing_inner_error(attn)
         return built
     return None
-
-
-def _module_calls(frame: FrameType | None) -> list[tuple[torch.nn.Module, tuple, dict]]:
-    """`(module, args, kwargs)` of every `nn.Module` call running in this thread, outermost first."""
-    calls = []
-    while frame is not None:
-        if frame.f_code is _CALL_IMPL:
-            local = frame.f_locals
-            module = local.get("self")
-            if isinstance(module, torch.nn.Module):
-                calls.append((module, tuple(local.get("args") or ()), dict(local.get("kwargs") or {})))
-        frame = frame.f_back
-    calls.reverse()
-    return calls
 
 
 def _attach(

@@ -7,8 +7,8 @@ as Flux's processors call it) or `(1, 1, S, D)` (`sequence_dim=2`); a `(B, S, D)
 would not broadcast. `SampleTables` holds `(B, S, D)` and answers those two views with `(B, S, 1, D)` and
 `(B, 1, S, D)`: the rotation multiplies each sample's queries and keys by its own rows, element by element
 the same products as a call per sample, in one call for the batch. Qwen-Image's `apply_rotary_emb_qwen` takes
-its complex `(S, D)` image table as `table.unsqueeze(1)`, `(S, 1, D)` against queries `(B, S, H, D)`;
-`SampleTables` answers that with `(B, S, 1, D)`.
+its complex `(S, D)` image table (Qwen-Image 2.1's: the whole sequence's) as `table.unsqueeze(1)`, `(S, 1, D)`
+against queries `(B, S, H, D)`; `SampleTables` answers that with `(B, S, 1, D)`.
 
 Only processors whose code is known to use the table through those views get one (`takes_sample_tables`);
 any other processor is run one sample at a time with a plain table (`joint_attention`), so a processor
@@ -22,24 +22,37 @@ from typing import Any
 import torch
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
+from diffusers.models.transformers.transformer_flux3 import Flux3AttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
+from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageAttnProcessor
+from diffusers.models.transformers.transformer_krea2 import Krea2AttnProcessor
+from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
+from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21AttnProcessor, QwenImage21FlexAttnProcessor
 
 __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
-#: (FLUX.1 and Chroma, FLUX.2, HunyuanVideo and 1.5) or `apply_rotary_emb_qwen(x, table, use_real=False)`
-#: (Qwen-Image). Exact types: a subclass may read the table some other way.
+#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1) or
+#: `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole
+#: batch at once: the first step's call stores the batch's keys and values in its cache). Exact types: a subclass may
+#: read the table some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
         FluxAttnProcessor,
         FluxIPAdapterAttnProcessor,
         Flux2AttnProcessor,
         Flux2ParallelSelfAttnProcessor,
+        Flux3AttnProcessor,
         HunyuanVideoAttnProcessor2_0,
         HunyuanVideo15AttnProcessor2_0,
+        Krea2AttnProcessor,
+        LongCatImageAttnProcessor,
+        HunyuanImageAttnProcessor,
         QwenDoubleStreamAttnProcessor2_0,
+        QwenImage21AttnProcessor,
+        QwenImage21FlexAttnProcessor,
     }
 )
 

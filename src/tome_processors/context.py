@@ -5,12 +5,18 @@ merges kept for reuse; `BlockState` holds, for one transformer block and one for
 input and the merges computed from it; `HostSchedule` is a generation's timesteps on the host (for
 `ratio_start`); `AttentionSlot` tells a processor which block it sits in and whether it is self- or
 cross-attention. Hooks fill and clear them; processors only read them.
+
+A model serves several threads at once (a server's concurrent requests on one model): `ForwardStates` gives each
+thread a `ModelState` and `BlockState`s of its own, so what one forward computes stays with the thread that runs
+it. What belongs to the model is shared: the configuration, the caches made once per grid and device, and the
+causes of skips already said.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -170,6 +176,32 @@ class ModelState:
     forward_skip: Skip | None = None
     #: The causes of unmerged attention already reported for this model (skips.py); kept across generations.
     skips: SkipLog = field(default_factory=SkipLog, repr=False, compare=False)
+    #: This generation's timesteps on the host, for `ratio_start` (`set_timestep_schedule`, a pipeline's loop).
+    schedule: HostSchedule | None = field(default=None, repr=False, compare=False)
+    #: The generation's token grid as its pipeline made it (`prepare_latents`, `set_token_grid`), for a compiled
+    #: forward.
+    grid_hint: tuple[int, int] | None = None
+
+    def for_thread(self, num_blocks: int) -> ModelState:
+        """A state for one more thread: this one's configuration, its caches per grid and device and its skip log
+        shared, no forward begun; with `num_blocks` `BlockState`s."""
+        # Every field given, none made by a factory of its own: a compiled first call traces this.
+        state = ModelState(
+            self.config,
+            self.auto_downsample,
+            self.needs_row_token,
+            self.rotary,
+            self.masks_text_only,
+            self.one_grid,
+            self.fixed_at_odd_batch,
+            _layouts=self._layouts,
+            _mixes=self._mixes,
+            _fixed_partitions=self._fixed_partitions,
+            skips=self.skips,
+        )
+        for index in range(num_blocks):
+            BlockState(state, index)
+        return state
 
     def __getstate__(self) -> dict:
         # A copy (`copy.deepcopy`, `pickle`) starts with no generation and empty caches: they hold the
@@ -189,6 +221,8 @@ class ModelState:
 
     def reset(self) -> None:
         """Forget the current generation: the next forward is its first step."""
+        self.schedule = None
+        self.grid_hint = None
         self.latent_hw = None
         self.frames = 1
         self.tail = 0
@@ -477,6 +511,58 @@ class HostSchedule:
         # Its first element's offset in the schedule (stride 1), as `_timestep_value` reads the first.
         index, remainder = divmod(timestep.data_ptr() - base.data_ptr(), base.element_size() * base.stride(0))
         return index if remainder == 0 and 0 <= index < len(self.values) else None
+
+
+class ForwardStates:
+    """Each thread's state for one model's forwards (`ModelState`, its blocks' `BlockState`s), made at the thread's
+    first forward from `template` (the model's configuration and shared caches, never itself run).
+
+    Hooks and processors find their block's state here at every call (`block(index)`): concurrent forwards of one
+    model, one per thread, never see each other's token grid, merges or step count. A copy (`copy.deepcopy`,
+    `pickle`) starts with no thread's state.
+
+    Example:
+        >>> states = ForwardStates(ModelState(ToMeConfig()), num_blocks=2)
+        >>> states.current is states.current, len(states.current.blocks)
+        (True, 2)
+        >>> from concurrent.futures import ThreadPoolExecutor
+        >>> other = ThreadPoolExecutor(1).submit(lambda: states.current).result()
+        >>> other is states.current, other.skips is states.current.skips
+        (False, True)
+    """
+
+    def __init__(self, template: ModelState, num_blocks: int, on_mid_forward: Any = None) -> None:
+        self.template = template
+        self.num_blocks = num_blocks
+        #: Called where a thread's first call comes from a block or an attention instead of the model's pre-hook
+        #: (the context was attached by another thread while this one's forward ran): it starts that forward.
+        self.on_mid_forward = on_mid_forward
+        self._local = threading.local()
+
+    @property
+    def current(self) -> ModelState:
+        """This thread's state (made at its first call)."""
+        state = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = self.template.for_thread(self.num_blocks)
+        return state
+
+    def block(self, index: int) -> BlockState:
+        """This thread's state of block `index` (a thread without one is inside a forward its model's pre-hook did
+        not see start: `on_mid_forward` starts it)."""
+        state = getattr(self._local, "state", None)
+        if state is None:
+            state = self.current
+            if self.on_mid_forward is not None:
+                self.on_mid_forward()
+        return state.blocks[index]
+
+    def __getstate__(self) -> dict:
+        return {"template": self.template, "num_blocks": self.num_blocks, "on_mid_forward": self.on_mid_forward}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
 
 
 @dataclass
@@ -803,11 +889,12 @@ class AttentionSlot:
     processor class its model builds it with (what a `ToMeProcessor()` without an inner one runs), and its name
     in the model (for what `skip` says)."""
 
-    __slots__ = ("block", "built_with", "is_cross", "layout", "mask_at", "name", "rotary_at")
+    __slots__ = ("_index", "_states", "built_with", "is_cross", "layout", "mask_at", "name", "rotary_at")
 
     def __init__(
         self,
-        block: BlockState,
+        states: ForwardStates,
+        index: int,
         is_cross: bool,
         layout: Layout = Layout.IMAGE,
         built_with: type | None = None,
@@ -815,13 +902,19 @@ class AttentionSlot:
         rotary_at: int | None = None,
         name: str = "",
     ) -> None:
-        self.block = block
+        self._states = states
+        self._index = index  # its block's
         self.is_cross = is_cross
         self.layout = layout
         self.built_with = built_with
         self.mask_at = mask_at  # positions after hidden_states where the module passes them (`AttentionSite`)
         self.rotary_at = rotary_at
         self.name = name
+
+    @property
+    def block(self) -> BlockState:
+        """Its block's state in this thread's forward."""
+        return self._states.block(self._index)
 
     def skip(self, reason: Skip, tokens: torch.Tensor | None = None) -> None:
         """Report that this attention runs unmerged for `reason` (`skips.report_skip`; once per model and reason)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -36,8 +37,9 @@ from diffusers.utils.torch_utils import unwrap_module
 
 from ._similarity import is_compiling
 from .arguments import argument
+from .calls import module_calls
 from .config import ToMeConfig
-from .context import SLOT_ATTR, AttentionSlot, BlockState, HostSchedule, ModelState
+from .context import SLOT_ATTR, AttentionSlot, BlockState, ForwardStates, HostSchedule, ModelState
 from .families import BlockSite, Family, Layout, Span, attention_levels, class_default_processor, family_of
 from .keeper import ProcessorKeeper, all_unwrapped
 from .merge import release_buffers
@@ -104,52 +106,83 @@ class ModelHooks:
     exactly that away (`context_of(model)` finds it).
 
     Attributes:
-        model_state: the state the hooks fill and the processors read.
+        states: each thread's state the hooks fill and the processors read (`ForwardStates`): concurrent forwards
+            of the model, one per thread, each have their own.
         family: the model's family (where its blocks, token grid and timestep are).
         processor_type: the processor class that reads the slots; while no attention module holds
             one, the context stands down.
-        blocks: one `BlockState` per block of the family, in order, beside `block_modules`.
+        block_modules: the blocks of the family, in order (this thread's `BlockState` of each: `blocks`).
         watched: every attention module of the model (for the stand-down check).
         slotted: the attention modules given an `AttentionSlot`.
     """
 
-    def __init__(self, model: torch.nn.Module, model_state: ModelState, family: Family, processor_type: type) -> None:
+    def __init__(
+        self, model: torch.nn.Module, template: ModelState, family: Family, processor_type: type, num_blocks: int
+    ) -> None:
         self.model = model
-        self.model_state = model_state
+        self.states = ForwardStates(template, num_blocks, functools.partial(_begin_mid_forward, self))
         self.family = family
         self.processor_type = processor_type
-        self.blocks: list[BlockState] = []
         self.block_modules: list[torch.nn.Module] = []
+        self.sites: list[BlockSite] = []  # the family's block sites, beside `block_modules`
         self.watched: list[torch.nn.Module] = []
         self.slotted: list[torch.nn.Module] = []
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
         #: Keeps the processors wrapped through diffusers' own processor swaps (fusing, IP-Adapter loading, ...).
         self.keeper: ProcessorKeeper | None = None
-        self.schedule: HostSchedule | None = None  # this generation's timesteps, for `ratio_start`
         self.warned_small_grid = False
         #: The parallel config last seen on the model and how it splits the tokens (`parallel.py`), read once per
-        #: config rather than per forward.
+        #: config rather than per forward; the config handed to the processors ToMe builds (None without).
         self._parallel_seen: Any = None
         self._shards: Shards | None = None
-        #: The generation's token grid as its pipeline made it (`prepare_latents`), for a compiled forward.
-        self.grid_hint: tuple[int, int] | None = None
+        self._parallel_config: Any = None
         #: Each block's static shape (level, width), for `pays_only` (pays.py).
         self.shapes: tuple[SiteShape, ...] = ()
         #: `pays_only`'s decisions made so far: `((grid, frames, device type), factors)` pairs, replaced, not mutated.
         self.decisions: tuple = ()
 
     def __getstate__(self) -> dict:
-        # A copy starts a generation of its own: the schedule (held for one pipeline call) stays behind.
-        # The parallel config (device meshes) is read again from the copy's model at its first forward.
-        fresh = {"schedule": None, "grid_hint": None, "decisions": (), "_parallel_seen": None, "_shards": None}
+        # A copy starts a generation of its own (`ForwardStates` copies no thread's state). The parallel config
+        # (device meshes) is read again from the copy's model at its first forward.
+        fresh = {"decisions": (), "_parallel_seen": None, "_shards": None, "_parallel_config": None}
         return {**vars(self), **fresh}
+
+    @property
+    def model_state(self) -> ModelState:
+        """This thread's state of the model's forwards."""
+        return self.states.current
+
+    @property
+    def blocks(self) -> list[BlockState]:
+        """This thread's state of each block, in order, beside `block_modules`."""
+        return self.states.current.blocks
+
+    @property
+    def schedule(self) -> HostSchedule | None:
+        """This thread's generation's timesteps on the host, for `ratio_start`."""
+        return self.model_state.schedule
+
+    @schedule.setter
+    def schedule(self, schedule: HostSchedule | None) -> None:
+        self.model_state.schedule = schedule
+
+    @property
+    def grid_hint(self) -> tuple[int, int] | None:
+        """This thread's generation's token grid as its pipeline made it, for a compiled forward."""
+        return self.model_state.grid_hint
+
+    @grid_hint.setter
+    def grid_hint(self, grid: tuple[int, int] | None) -> None:
+        self.model_state.grid_hint = grid
 
     def begin(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """Start a forward of `model` called with `args` / `kwargs`: its token grid and timestep."""
         family, state = self.family, self.model_state
         state.forward_skip = None
-        if self.grid_hint is not None and is_compiling():
-            grid = family.hinted_grid(model, args, kwargs, self.grid_hint)
+        shards = self._sequence_shards(model)
+        state.parallel_config = self._parallel_config
+        if state.grid_hint is not None and is_compiling():
+            grid = family.hinted_grid(model, args, kwargs, state.grid_hint)
         else:
             grid = family.token_grid(model, args, kwargs)  # None where the call gives no grid (each family checks)
         if grid is None:
@@ -161,7 +194,6 @@ class ModelHooks:
         whole_grid, whole_frames = grid[-2:], frames  # the pays rule decides on what the model generates
         tail = family.trailing_tokens(args, kwargs, grid)
         shard = None
-        shards = self._sequence_shards(model)
         if shards is not None:  # context parallelism: this rank's blocks see one run of the tokens
             # Image tokens beyond the grid's that the family passes through (Qwen-Image-Edit's reference image)
             # split with it as one sequence, as a tail does.
@@ -182,9 +214,9 @@ class ModelHooks:
                 state.shard = shard
                 return
         value = None
-        if state.config.ratio_start is not None and self.schedule is not None:
+        if state.config.ratio_start is not None and state.schedule is not None:
             # The argument as passed (a view of the schedule), not the family's rescaled copy.
-            value = self.schedule.value_for(argument(args, kwargs, family.timestep_position, "timestep"))
+            value = state.schedule.value_for(argument(args, kwargs, family.timestep_position, "timestep"))
         # Only reuse across steps (`recompute_every`) carries anything from one forward into the next.
         marker = family.generation_marker(args, kwargs) if state.config.recompute_every > 1 else None
         # The text input names the forward's branch of the step (two calls per step for a classifier-free guidance).
@@ -211,7 +243,7 @@ class ModelHooks:
         parallel = model._parallel_config if hasattr(model, "_parallel_config") else None
         if parallel is not self._parallel_seen:
             self._parallel_seen, self._shards = parallel, sequence_shards(model)
-            self.model_state.parallel_config = parallel if self._shards is not None else None
+            self._parallel_config = parallel if self._shards is not None else None
         return self._shards
 
     def _local_grid(
@@ -303,11 +335,10 @@ class ModelHooks:
         return False
 
     def reset(self) -> None:
-        """Forget the current generation: token grid, step count, kept merges, block inputs, timesteps."""
-        self.schedule = None
-        self.grid_hint = None
-        self.model_state.reset()
-        for block in self.blocks:
+        """Forget this thread's generation: token grid, step count, kept merges, block inputs, timesteps."""
+        state = self.model_state
+        state.reset()
+        for block in state.blocks:
             block.reset()
 
     def remove(self) -> None:
@@ -331,6 +362,23 @@ class ModelHooks:
             return
         self.remove()
         logger.debug("ToMe stood down on %s: no attention module holds a ToMe processor", type(model).__name__)
+
+
+def _begin_mid_forward(context: ModelHooks) -> None:
+    """Start this thread's forward of `context.model` from the calls on its stack: the thread's first call into
+    the model's hooks came from a block or an attention, so the model's pre-hook never ran for it (another thread
+    attached the context while this one's forward was running, `set_attn_processor(ToMeProcessor())`)."""
+    if is_compiling():  # no stack to read inside a traced graph: this forward merges nothing, the next does
+        return
+    calls = module_calls(sys._getframe(1))
+    model = next(((args, kwargs) for module, args, kwargs in calls if unwrap_module(module) is context.model), None)
+    if model is None:  # a block called on its own: no forward of the model to start
+        return
+    context.begin(context.model, *model)
+    for module, args, kwargs in calls:
+        for index, block in enumerate(context.block_modules):
+            if module is block:
+                enter_block(context.states.block(index), args, kwargs, _span_site(context.sites[index]))
 
 
 def _text_position(model: torch.nn.Module) -> int | None:
@@ -367,29 +415,39 @@ class _ModelPreHook:
         context.begin(module, args, kwargs)
 
 
-class _BlockPreHook:
-    def __init__(self, block_state: BlockState, site: BlockSite | None) -> None:
-        self.block_state = block_state
+class _BlockHook:
+    """A hook of one block: it finds the block's state of the thread it runs in (`ForwardStates`)."""
+
+    def __init__(self, states: ForwardStates, index: int) -> None:
+        self.states = states
+        self.index = index
+
+    @property
+    def block_state(self) -> BlockState:
+        return self.states.block(self.index)
+
+
+class _BlockPreHook(_BlockHook):
+    def __init__(self, states: ForwardStates, index: int, site: BlockSite | None) -> None:
+        super().__init__(states, index)
         self.site = site  # only where the block's input holds other tokens than the grid's
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         enter_block(self.block_state, args, kwargs, self.site)
 
 
-class _BlockPostHook:
-    def __init__(self, block_state: BlockState) -> None:
-        self.block_state = block_state
-
+class _BlockPostHook(_BlockHook):
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if self.block_state.factor != 0:  # a block that merges nothing this forward holds nothing
-            self.block_state.reset()
+        block_state = self.block_state
+        if block_state.factor != 0:  # a block that merges nothing this forward holds nothing
+            block_state.reset()
 
 
-class _FeedForwardPreHook:
+class _FeedForwardPreHook(_BlockHook):
     """Merges the feed-forward's input with its block's merge (`merge_mlp`); the feed-forward is no attention module."""
 
-    def __init__(self, block_state: BlockState, config: ToMeConfig) -> None:
-        self.block_state = block_state
+    def __init__(self, states: ForwardStates, index: int, config: ToMeConfig) -> None:
+        super().__init__(states, index)
         self.config = config
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -434,12 +492,10 @@ def _chunk_merge(block_state: BlockState, merge: Any, hidden_states: torch.Tenso
     return None
 
 
-class _FeedForwardPostHook:
-    def __init__(self, block_state: BlockState) -> None:
-        self.block_state = block_state
-
+class _FeedForwardPostHook(_BlockHook):
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        merge, self.block_state.ff_merge = self.block_state.ff_merge, None
+        block_state = self.block_state
+        merge, block_state.ff_merge = block_state.ff_merge, None
         if merge is None or not isinstance(output, torch.Tensor):  # output is None after an exception
             return None
         return merge.unmerge(output)
@@ -469,20 +525,20 @@ def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, p
         fixed_at_odd_batch=family.guidance_in_batch,
     )
     state.skips.model_name = type(model).__name__
-    context = ModelHooks(model, state, family, processor_type)
-    context.watched = attention_modules(model)
     sites = family.blocks(model)
+    context = ModelHooks(model, state, family, processor_type, len(sites))
+    context.watched = attention_modules(model)
     names = {module: name for name, module in model.named_modules()}  # for what a skipped attention says
     context.shapes = site_shapes(model, family, sites)
     context.keeper = ProcessorKeeper(model, context.watched, processor_type, config, context.inner_of)
     context.handles.append(model.register_forward_pre_hook(_ModelPreHook(context), with_kwargs=True))
+    context.sites = sites
     for index, site in enumerate(sites):
-        block_state = BlockState(state, index)
-        context.blocks.append(block_state)
         context.block_modules.append(site.module)
-        _install_block(context, site, block_state, config, names)
+        _install_block(context, site, index, config, names)
     context.keeper.install()
-    logger.debug("ToMe hooks on %s (%s): %d blocks", type(model).__name__, family.name, len(context.blocks))
+    context.reset()  # makes the installing thread's state here, not in a traced first call
+    logger.debug("ToMe hooks on %s (%s): %d blocks", type(model).__name__, family.name, len(context.block_modules))
     return context
 
 
@@ -541,18 +597,25 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
     block_state.prepare()
 
 
+def _span_site(site: BlockSite) -> BlockSite | None:
+    """`site` where its block's input holds other tokens than the grid's (what its pre-hook cuts), else None."""
+    return site if site.span is not Span.WHOLE else None
+
+
 def _install_block(
-    context: ModelHooks, site: BlockSite, block_state: BlockState, config: ToMeConfig, names: dict | None = None
+    context: ModelHooks, site: BlockSite, index: int, config: ToMeConfig, names: dict | None = None
 ) -> None:
-    block = site.module
-    span_site = site if site.span is not Span.WHOLE else None
-    context.handles.append(block.register_forward_pre_hook(_BlockPreHook(block_state, span_site), with_kwargs=True))
-    context.handles.append(block.register_forward_hook(_BlockPostHook(block_state), with_kwargs=True, always_call=True))
+    block, states = site.module, context.states
+    pre = _BlockPreHook(states, index, _span_site(site))
+    context.handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+    post = _BlockPostHook(states, index)
+    context.handles.append(block.register_forward_hook(post, with_kwargs=True, always_call=True))
 
     for attention in site.attentions:
         built_with = attention.built_with or context.family.built_with or class_default_processor(attention.module)
         slot = AttentionSlot(
-            block_state,
+            states,
+            index,
             attention.is_cross,
             attention.layout,
             built_with,
@@ -565,9 +628,10 @@ def _install_block(
 
     if config.merge_mlp and site.feed_forward is not None:
         ff = site.feed_forward
-        context.handles.append(ff.register_forward_pre_hook(_FeedForwardPreHook(block_state, config), with_kwargs=True))
+        pre = _FeedForwardPreHook(states, index, config)
+        context.handles.append(ff.register_forward_pre_hook(pre, with_kwargs=True))
         context.handles.append(
-            ff.register_forward_hook(_FeedForwardPostHook(block_state), with_kwargs=True, always_call=True)
+            ff.register_forward_hook(_FeedForwardPostHook(states, index), with_kwargs=True, always_call=True)
         )
 
 

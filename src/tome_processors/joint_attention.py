@@ -6,7 +6,8 @@ is returned as it is. The layouts (see `families.Layout`):
 - JOINT: `processor(attn, image, text, mask, rotary, ...)` returning `(image, text, ...)`. The image
   tokens are merged, the image output(s) unmerged, the text output untouched. JOINT_IMAGE_FIRST: the same
   call, where the processor attends over the image then the text (HunyuanVideo), so a mask over the whole
-  sequence is cut at its start.
+  sequence is cut at its start, and rotary tables over the whole sequence (`Rotary.covers_text`: HiDream's)
+  keep the text's positions after the merged rows'.
 - TEXT_FIRST: `processor(attn, cat(text, image), None, mask, rotary)` returning `cat(text, image)`.
   The merge covers the whole sequence, each text token a row of its own ahead of the image rows
   (`TokenMerge.text_rows`): the text goes through merge and unmerge unchanged, and nothing is sliced
@@ -31,11 +32,14 @@ import torch
 
 from .arguments import argument, replace_argument
 from .batched_rotary import sample_tables, takes_sample_tables
-from .families import Layout, Rotary
-from .merge import TokenMerge
+from .families import Layout, Rotary, mask_where
+from .merge import TokenMerge, positions
 from .skips import Skip
 
 _FLUX_ROTARY = Rotary()  # FLUX.1's: `image_rotary_emb`, (cos, sin) over text then image, one for the batch
+#: Masks over the attention's keys that processors take by keyword beside `attention_mask`, `(B, S)`: Qwen-Image
+#: 2.1's `key_valid`. They are refused or cut as the attention mask is.
+KEY_MASKS = ("key_valid",)
 
 
 def run_with_text(
@@ -60,17 +64,19 @@ def run_with_text(
         text = argument(args, kwargs, 0, "encoder_hidden_states")
         text_len = int(text.shape[1]) if isinstance(text, torch.Tensor) else 0
         text_first = slot.layout is Layout.JOINT
-        # Positions ahead of the image's in the rotary tables. Tables that cover the text after the image
-        # would need rows of their own at the end: they do not fit, and the tokens are left unmerged.
+        # Positions of the text in rotary tables that cover it: ahead of the image's, or after them (image first:
+        # each text position keeps its row of the table, after the merged rows').
         ahead = text_len if spec.covers_text and text_first else 0
+        after = text_len if spec.covers_text and not text_first else 0
         merge = processor._merge_for(slot, hidden_states, args, kwargs, ahead, tail=extra, mask_fits=masked)
-        if merge is None or not _rotary_fits(spec, at, args, kwargs, ahead + merge.num_tokens, merge.batch):
+        if merge is None or not _rotary_fits(spec, at, args, kwargs, ahead + merge.num_tokens + after, merge.batch):
             if merge is not None:  # (None: `_merge_for` said why)
                 slot.skip(Skip.ROTARY, hidden_states)
             return inner(attn, hidden_states, *args, **kwargs)
         lead, tail = (text_len, extra) if text_first else (0, extra + text_len)  # the mask's sequence
         args, kwargs = _merged_mask(args, kwargs, slot.mask_at, lead, tail, merge)
-        return _unmerge_joint(_call(inner, attn, merge.merge(hidden_states), args, kwargs, merge, spec, at), merge)
+        out = _call(inner, attn, merge.merge(hidden_states), args, kwargs, merge, spec, at, after)
+        return _unmerge_joint(out, merge)
 
     if slot.layout is Layout.IMAGE_FIRST:  # the grid's tokens, then `extra` others
         merge = processor._merge_for(slot, hidden_states, args, kwargs, tail=extra, mask_fits=masked)
@@ -96,32 +102,45 @@ def run_with_text(
 
 
 def _merged_mask(
-    args: tuple, kwargs: dict, mask_at: int, lead: int, tail: int, merge: TokenMerge
+    args: tuple, kwargs: dict, mask_at: int | tuple[int, str], lead: int, tail: int, merge: TokenMerge
 ) -> tuple[tuple, dict]:
-    """`args` / `kwargs` with the attention mask cut to the merged sequence (when there is a mask).
+    """`args` / `kwargs` with the attention mask and any key masks (`KEY_MASKS`) cut to the merged sequence.
 
     The attention's sequence is `lead` tokens (text), the grid's, then `tail` others. Only families whose
     masks mask text tokens alone get here with a mask (`masks_text_only`; `_merge_for` refuses others):
     every grid position holds the same value, so the lead and tail positions are kept exactly and grid
     positions are dropped, as many as the merge removes (slices: no copy, no host sync). A mask over the lead
     and tail alone (HunyuanVideo 1.5's over the text, which its processor pads over the image itself) is left
-    as it is.
+    as it is. A mask over more keys than the attention's tokens (Qwen-Image 2.1's cached steps: the cached
+    prefix's keys, then the grid's) loses the grid's last positions, as one over a lead and the grid does. A mask
+    that opens with the grid and stops short of the tail (HiDream's over the image tokens and their padding, not
+    the text) is cut at its start all the same. `mask_at`: the site's (`mask_where`).
     """
-    mask = argument(args, kwargs, mask_at, "attention_mask")
-    if not isinstance(mask, torch.Tensor) or mask.shape[-1] == lead + tail:
-        return args, kwargs
+    position, name = mask_where(mask_at)
+    mask = argument(args, kwargs, position, name)
+    if isinstance(mask, torch.Tensor) and mask.shape[-1] != lead + tail:
+        args, kwargs = replace_argument(args, kwargs, position, name, _cut_mask(mask, lead, tail, merge))
+    for key_mask in KEY_MASKS:
+        keys = kwargs.get(key_mask)
+        if isinstance(keys, torch.Tensor) and keys.shape[-1] != lead + tail:
+            kwargs = {**kwargs, key_mask: _cut_mask(keys, lead, tail, merge)}
+    return args, kwargs
+
+
+def _cut_mask(mask: torch.Tensor, lead: int, tail: int, merge: TokenMerge) -> torch.Tensor:
+    """`mask` less as many of the grid's positions as the merge removes (see `_merged_mask`)."""
     length, removed = mask.shape[-1], merge.num_tokens - merge.num_rows
     if tail and lead:  # both kept: the lead and the grid's first rows, then the tail
         cut = torch.cat([mask[..., : length - tail - removed], mask[..., length - tail :]], dim=-1)
         if mask.ndim >= 3 and mask.shape[-2] == length:
             cut = torch.cat([cut[..., : length - tail - removed, :], cut[..., length - tail :, :]], dim=-2)
-        return replace_argument(args, kwargs, mask_at, "attention_mask", cut)
+        return cut
     # Nothing after the grid: drop its last positions; nothing ahead of it: its first.
     keep = slice(0, length - removed) if not tail else slice(removed, length)
     cut = mask[..., keep]
     if mask.ndim >= 3 and mask.shape[-2] == length:  # a (query, key) mask: the queries too
         cut = cut[..., keep, :]
-    return replace_argument(args, kwargs, mask_at, "attention_mask", cut)
+    return cut
 
 
 def _unmerge_joint(out: Any, merge: TokenMerge) -> Any:
@@ -152,35 +171,45 @@ def _rotary_fits(spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, n
     if rotary is None:
         return True
     tables = _gathered(spec, _rotary_tables(rotary))
-    if spec.batched:
+    if spec.batched:  # (B, S, ...): Z-Image's (B, S, D/2), ERNIE-Image's (B, S, 1, D), HiDream's (B, S, 1, D/2, 2, 2)
         return all(
-            isinstance(t, torch.Tensor) and t.ndim == 3 and t.shape[:2] == (batch, num_positions) for t in tables
+            isinstance(t, torch.Tensor) and t.ndim >= 3 and t.shape[:2] == (batch, num_positions) for t in tables
         )
     return all(isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape[0] == num_positions for t in tables)
 
 
-def _kept_rotary(rotary: Any, merge: TokenMerge) -> list:
-    """`[source table, tables per call or None, SampleTables or None]`, kept on the merge.
+def _kept_rotary(rotary: Any, merge: TokenMerge, after: int = 0) -> list:
+    """`[source table, tables per call or None, SampleTables or None, after]`, kept on the merge.
 
     A merge shared by several blocks (`share_level`) gathers its tables once per forward. The list object is
     shared with the merge's `with_text_rows` (the same positions).
     """
     source = _rotary_tables(rotary)[0]
     kept = merge.rotary
-    if not kept or kept[0] is not source:
-        kept[:] = [source, None, None]
+    if len(kept) != 4 or kept[0] is not source or kept[3] != after:
+        kept[:] = [source, None, None, after]
     return kept
 
 
-def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge) -> list[Any]:
-    """The rotary tables at `merge.row_token` (the text positions, then each row's kept token): one entry per
-    sample, or one for the whole batch where the tables are batched (`Rotary.batched`)."""
-    kept = _kept_rotary(rotary, merge)
+def _positions(merge: TokenMerge, after: int) -> torch.Tensor:
+    """`merge.row_token`, then the `after` positions that follow the merged tokens' (the text of an image-first
+    joint attention whose rotary tables cover it), each at its own position: `(B, rows + after)`."""
+    if not after:
+        return merge.row_token
+    start, row_token = merge.num_tokens, merge.row_token
+    following = positions(start + after, row_token.device)[start:].expand(merge.batch, after)
+    return torch.cat([row_token, following], dim=1)
+
+
+def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge, after: int = 0) -> list[Any]:
+    """The rotary tables at `merge.row_token` (the text positions, then each row's kept token, then the `after`
+    positions): one entry per sample, or one for the whole batch where the tables are batched (`Rotary.batched`)."""
+    kept = _kept_rotary(rotary, merge, after)
     if kept[1] is not None:
         return kept[1]
     tables = _rotary_tables(rotary)
     follow = _gathered(spec, tables)
-    row_token = merge.row_token.to(tables[0].device)
+    row_token = _positions(merge, after).to(tables[0].device)
     if spec.batched:  # (B, S, D) tables: one lookup along the sequence for the whole batch
         samples = sample_index(merge.batch, row_token.device)
         gathered = [t[samples, row_token] for t in follow]
@@ -194,13 +223,13 @@ def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge) -> list[Any]:
     return per_call
 
 
-def _batched_rotary(spec: Rotary, rotary: Any, merge: TokenMerge) -> Any:
-    """The rotary tables at `merge.row_token` for the whole batch at once (`batched_rotary.SampleTables`); a
-    text table (`Rotary.text_table`) as it is."""
-    kept = _kept_rotary(rotary, merge)
+def _batched_rotary(spec: Rotary, rotary: Any, merge: TokenMerge, after: int = 0) -> Any:
+    """The rotary tables at `merge.row_token` (then the `after` positions) for the whole batch at once
+    (`batched_rotary.SampleTables`); a text table (`Rotary.text_table`) as it is."""
+    kept = _kept_rotary(rotary, merge, after)
     if kept[2] is None:
         follow = len(_gathered(spec, _rotary_tables(rotary)))
-        kept[2] = sample_tables(rotary, merge.row_token, follow)
+        kept[2] = sample_tables(rotary, _positions(merge, after), follow)
     return kept[2]
 
 
@@ -229,15 +258,18 @@ def _call(
     merge: TokenMerge,
     spec: Rotary,
     where: tuple[int, str],
+    after: int = 0,
 ) -> Any:
+    """`inner` on the merged tokens, with the rotary tables at `where` taken at the merged rows' positions (then at
+    the `after` positions that follow the merged tokens', as they are)."""
     rotary = argument(args, kwargs, *where)
     if rotary is None:
         return inner(attn, merged, *args, **kwargs)
     # A processor known to take a table per sample: the whole batch in one call.
     if not spec.batched and takes_sample_tables(inner):
-        args, kwargs = replace_argument(args, kwargs, *where, _batched_rotary(spec, rotary, merge))
+        args, kwargs = replace_argument(args, kwargs, *where, _batched_rotary(spec, rotary, merge, after))
         return inner(attn, merged, *args, **kwargs)
-    per_call = _merged_rotary(spec, rotary, merge)
+    per_call = _merged_rotary(spec, rotary, merge, after)
     batch = merge.batch
     if batch == 1 or spec.batched:
         args, kwargs = replace_argument(args, kwargs, *where, per_call[0])

@@ -673,9 +673,13 @@ def cached(cache: dict, key: tuple, make: Callable[[], T], limit: int = 16) -> T
     if value is None:
         if is_compiling():  # made in the graph, not kept: a kept one fails the graph's guard on the cache once
             return make()
+        value = make()
         if len(cache) >= limit:
-            del cache[next(iter(cache))]
-        value = cache[key] = make()
+            try:  # another thread may drop the same oldest entry meanwhile (a model serves concurrent forwards)
+                del cache[next(iter(cache))]
+            except (KeyError, RuntimeError, StopIteration):
+                pass
+        cache[key] = value
     return value
 
 

@@ -22,8 +22,8 @@ from .attach import PassedThrough, built_processor_for_call, slot_for_call, watc
 from .built import missing_inner_error
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
-from .families import Layout, class_default_processor
-from .joint_attention import run_with_text
+from .families import Layout, class_default_processor, mask_where
+from .joint_attention import KEY_MASKS, run_with_text
 from .merge import TokenMerge, pool_tokens
 from .rotary_attention import run_with_rotary
 from .skips import Skip
@@ -440,9 +440,14 @@ class ToMeProcessor:
         if not (config.merge_crossattn if slot.is_cross else config.merge_attn):
             slot.skip(Skip.FLAG_OFF)
             return None
-        mask = argument(args, kwargs, slot.mask_at, "attention_mask")
-        if mask is not None and not mask_fits and (not slot.is_cross or mask.shape[-2] != 1):
-            slot.skip(Skip.MASK, hidden_states)  # a mask over the merged tokens would no longer line up
+        mask = argument(args, kwargs, *mask_where(slot.mask_at))
+        if slot.is_cross and isinstance(mask, torch.Tensor) and mask.shape[-2] == 1:
+            mask = None  # a cross-attention's mask over its keys (the text): merged queries leave it in line
+        masks = [m for m in (mask, *(kwargs.get(name) for name in KEY_MASKS)) if m is not None]
+        # A mask over the merged tokens would no longer line up, unless the caller cuts it (tensors only: Qwen-Image
+        # 2.1's flex `BlockMask` cannot be cut).
+        if masks and not (mask_fits and all(isinstance(m, torch.Tensor) for m in masks)):
+            slot.skip(Skip.MASK, hidden_states)
             return None
         block = slot.block
         if text or text_rows or tail:

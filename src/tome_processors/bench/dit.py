@@ -416,9 +416,12 @@ def build_transformer(
     if layers is not None and layers < 1:
         raise ValueError(f"Expected layers >= 1, but got {layers}.")
     config = dict((_QUICK if quick else _FULL)[arch])
+    declared = ARCHS.get(arch)
     if layers is not None:
-        depth = ARCHS[arch].depth_fields if arch in ARCHS else _DEPTH_FIELDS
+        depth = declared.depth_fields if declared is not None else _DEPTH_FIELDS
         config.update({name: min(config[name], layers) for name in depth if name in config})
+    if declared is not None and declared.derived is not None:
+        config = declared.derived(config)
     torch.manual_seed(seed)
     if device is None and dtype is None:
         return _MODEL_CLASSES[arch](**config).eval()

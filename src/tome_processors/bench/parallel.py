@@ -14,13 +14,16 @@ needs (diffusers' native CPU kernel returns none). Those stand-ins are set in th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import queue as queues
+import signal
 import socket
 import statistics
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,8 +39,17 @@ from ..apply import apply_tome
 from ..families import find_family
 from .dit import build_transformer, make_transformer_inputs
 from .meta import resolve_dtype
+from .rank_memory import GIB, RankMemory, available_memory, check_rank_memory
 
-__all__ = ["CollectiveBytes", "ParallelRow", "ParallelSpec", "cpu_stand_ins", "parse_parallel", "run_parallel_bench"]
+__all__ = [
+    "CollectiveBytes",
+    "ParallelRow",
+    "ParallelSpec",
+    "RankDied",
+    "cpu_stand_ins",
+    "parse_parallel",
+    "run_parallel_bench",
+]
 
 #: Families whose diffusers model has a context-parallel plan, and those with a tensor-parallel one.
 CONTEXT_PARALLEL_ARCHS = ("wan", "wan-i2v", "flux", "flux2", "qwenimage", "ltx", "ltx2")
@@ -193,12 +205,18 @@ def run_parallel_bench(
     device: str = "cpu",
     dtype: str = "float32",
     quick: bool = False,
+    check_memory: bool = True,
 ) -> list[ParallelRow]:
     """Spawn `spec.world_size` ranks and measure the baseline, each preset and ToMe at each of `ratios` (the
     family's defaults, merging wherever the config selects) on `arch` split by `spec`.
 
+    Before spawning, `check_memory` estimates a rank's peak memory (`bench.rank_memory`) and refuses a run whose ranks
+    would not fit this machine's available memory together.
+
         Raises:
             ValueError: an architecture without diffusers' plan for `spec`, or more GPUs than there are.
+            NotEnoughMemory: (a ValueError) the ranks would not fit; the message says what would.
+            RankDied: a rank died without a report (killed by a signal, most often the operating system's for memory).
 
         Example:
             >>> rows = run_parallel_bench(parse_parallel("ulysses=2"), "wan", ["fast"], quick=True)  # doctest: +SKIP
@@ -229,33 +247,106 @@ def run_parallel_bench(
         dtype,
         quick,
     )
-    results = _spawn(request)
+    memory = check_rank_memory(request) if check_memory else None
+    results = _spawn(_rank_main, request.spec.world_size, request, memory)
     return [ParallelRow(**row) for row in results[0]]
 
 
-def _spawn(request: ParallelRequest) -> list[Any]:
+class RankDied(RuntimeError):
+    """A rank of the parallel bench ended without a report: killed by a signal, or exited with a code."""
+
+
+#: How long the parent waits, after a rank reports a failure, for another rank's death to show (a killed rank makes
+#: the others fail in their collectives: "Connection closed by peer").
+_DEATH_GRACE_SECONDS = 2.0
+
+
+def _spawn(rank_main: Callable[..., None], world: int, request: Any, memory: RankMemory | None = None) -> list[Any]:
+    """`rank_main(rank, world, port, request, queue)` on `world` spawned processes; each puts `(rank, ok, value)` once.
+
+    Every rank's value, in rank order. A rank that reports a failure raises RuntimeError with its traceback; a rank
+    that dies without a report (a signal: the operating system's SIGKILL when memory runs out) raises `RankDied`
+    naming it, its signal and `memory`, the estimate it was spawned with, before the other ranks' errors that follow
+    from its death."""
     context = mp.get_context("spawn")
     queue = context.Queue()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    world = request.spec.world_size
-    processes = [context.Process(target=_rank_main, args=(rank, world, port, request, queue)) for rank in range(world)]
+    available = available_memory()
+    processes = [context.Process(target=rank_main, args=(rank, world, port, request, queue)) for rank in range(world)]
     for process in processes:
         process.start()
     results: dict[int, Any] = {}
+    failures: dict[int, str] = {}
+
+    def receive(timeout: float) -> None:
+        rank, ok, value = queue.get(timeout=timeout)
+        (results if ok else failures)[rank] = value
+
+    def dead() -> int | None:  # a rank exits 0 after its report: any other exit without one is a death
+        ended = (r for r, p in enumerate(processes) if p.exitcode not in (None, 0))
+        return next((r for r in ended if r not in results and r not in failures), None)
+
+    failed_at = None
     try:
-        for _ in processes:
-            rank, ok, value = queue.get()
-            if not ok:
-                raise RuntimeError(f"rank {rank} of the parallel bench failed:\n{value}")
-            results[rank] = value
+        while len(results) < world:
+            try:
+                receive(0.2)
+            except queues.Empty:
+                pass
+            if dead() is not None:
+                with contextlib.suppress(queues.Empty):
+                    while True:  # a report on its way from a rank that then died at exit still counts
+                        receive(0.5)
+                rank = dead()
+                if rank is not None:
+                    raise RankDied(_death_message(rank, world, processes[rank].exitcode, failures, memory, available))
+            if failures and failed_at is None:
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > _DEATH_GRACE_SECONDS:
+                rank = min(failures)
+                raise RuntimeError(f"rank {rank} of the parallel bench failed:\n{failures[rank]}")
     finally:
+        done = len(results) == world
         for process in processes:
-            process.join(timeout=60)
+            process.join(timeout=60 if done else 1)
             if process.is_alive():
                 process.kill()
+                process.join()
     return [results[rank] for rank in range(world)]
+
+
+def _death_message(
+    rank: int, world: int, code: int, failures: dict[int, str], memory: RankMemory | None, available: int
+) -> str:
+    """Which rank died and how; for SIGKILL the memory estimate it ran with; then the other ranks' last lines."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        how = f"was killed by {name}"
+    else:
+        how = f"exited with code {code} without a report"
+    message = f"rank {rank} of the {world} ranks of the parallel bench {how}"
+    if code == -signal.SIGKILL:
+        message += " (killed by the operating system, likely for memory"
+        if memory is not None:
+            message += (
+                f": a rank was estimated at {memory.total_bytes / GIB:.2f} GiB, with {available / GIB:.2f} GiB "
+                f"available for the {world} ranks, {available / world / GIB:.2f} GiB a rank, when they were spawned"
+            )
+        message += "; --layers, --frames or fewer rows shrink a rank)"
+    message += "."
+    others = [
+        f"rank {other}: {text.strip().splitlines()[-1] if text.strip() else text}"
+        for other, text in sorted(failures.items())
+        if other != rank
+    ]
+    if others:
+        message += " The other ranks' errors follow from it:\n" + "\n".join(others)
+    return message
 
 
 def _rank_main(rank: int, world: int, port: int, request: ParallelRequest, queue: Any) -> None:
@@ -338,8 +429,9 @@ def _measure(request: ParallelRequest, rank: int) -> list[dict]:
     options.update({f"r={ratio}": {"ratio": ratio} for ratio in request.ratios})
     names = list(options)
     copies = {}
-    for name, tome in options.items():
-        copied = copy.deepcopy(model)
+    for index, (name, tome) in enumerate(options.items()):
+        # The last row takes the built model itself: a rank holds one copy per row (`bench.rank_memory`), not one more.
+        copied = model if index == len(options) - 1 else copy.deepcopy(model)
         copied.enable_parallelism(config=request.spec.config())
         if tome is not None:
             apply_tome(copied, **tome)

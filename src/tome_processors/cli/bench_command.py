@@ -45,7 +45,7 @@ from ..bench.hires import HIRES_ARCHITECTURES
 from ..bench.image_pipelines import IMAGE_PIPELINE_ARCHITECTURES
 from ..bench.image_to_video import missing_requirements
 from ..bench.methods import DEFAULT_MODES, DEFAULT_PRESETS, DEFAULT_RATIOS, FULL_RATIOS, MODES
-from ..bench.parallel import format_parallel_rows, parse_parallel, run_parallel_bench
+from ..bench.parallel import RankDied, format_parallel_rows, parse_parallel, run_parallel_bench
 from ..bench.pipelines import TEXT_ENCODER_SIZES
 from ..bench.run import TRAIN_ARCHITECTURES, UNET_ARCHITECTURES, BenchRequest, run_bench
 from ..bench.stacking import STACK_BUDGET_SECONDS, STACKS
@@ -99,7 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SPEC",
         help="split a transformer over processes with diffusers' parallelism: ulysses=N, ring=N, ulysses=N,ring=M "
-        "or tp=N (one process a rank; per row seconds per forward and the bytes its collectives send; docs/bench.md)",
+        "or tp=N (one process a rank; per row seconds per forward and the bytes its collectives send; docs/bench.md). "
+        "A run whose ranks would not fit this machine's available memory is refused first, with the estimate a rank "
+        "and the --layers or --frames that fit",
+    )
+    what.add_argument(
+        "--ignore-memory-estimate",
+        action="store_true",
+        help="--parallel: spawn the ranks even where their estimated memory exceeds what this machine has available",
     )
     what.add_argument("--resolution", type=int, default=None, help="image side in pixels (default: the model's)")
     what.add_argument(
@@ -333,6 +340,8 @@ def _check(args: argparse.Namespace, fail: Any) -> None:
         fail(f"Expected --presets among {list(PRESETS)}, or 'none' alone, but got {args.presets}.")
     if args.model is not None and (args.arch is not None or args.quick):
         fail("Expected either --model or --arch/--quick, but got both.")
+    if args.ignore_memory_estimate:
+        fail("Expected --ignore-memory-estimate only with --parallel, but got it without.")
     if args.resolution is not None and (args.resolution < 16 or args.resolution % 8):
         fail(f"Expected --resolution to be a multiple of 8 and >= 16, but got {args.resolution}.")
     if args.threads is not None and args.threads < 1:
@@ -575,7 +584,7 @@ def _run_parallel(args: argparse.Namespace, fail: Any) -> int:
     except ValueError as error:
         fail(str(error))
     arch = args.arch or "wan"
-    presets = [p for p in args.presets if p != "none"]
+    presets = [p for p in (DEFAULT_PRESETS if args.presets is None else args.presets) if p != "none"]
     device = "cpu" if args.device in ("auto", "cpu") and not torch.cuda.is_available() else args.device
     if device == "auto":
         device = "cuda"
@@ -597,9 +606,13 @@ def _run_parallel(args: argparse.Namespace, fail: Any) -> int:
             device=device,
             dtype="float32" if device == "cpu" and args.dtype == "auto" else args.dtype,
             quick=args.quick,
+            check_memory=not args.ignore_memory_estimate,
         )
     except ValueError as error:
         fail(str(error))
+    except RankDied as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(format_parallel_rows(rows, spec))
     command = "tome-processors " + shlex.join(sys.argv[1:] if args.argv is None else args.argv)
     print(f"\n{command}: {spec.world_size} ranks on {device}, {args.threads or 1} thread(s) each, arch {arch}")

@@ -17,10 +17,13 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `WanTransformer3DModel` (and its derivatives `SkyReelsV2Transformer3DModel`, `WanVACETransformer3DModel`),
 `LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
 `HunyuanVideoTransformer3DModel`,
-`HunyuanVideo15Transformer3DModel`, `Kandinsky5Transformer3DModel`, `Kandinsky6Transformer3DModel` and Stable
-Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks). Some models are refused with the reason
-(`REFUSED`: Kandinsky 6's super-resolution transformer, whose attention is block-sparse). docs/families.md is the
-recipe for adding one.
+`HunyuanVideo15Transformer3DModel`, the FLUX-like `Krea2Transformer2DModel`, `Flux3Transformer2DModel` and
+`LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
+`ErnieImageTransformer2DModel`, the image models `HunyuanImageTransformer2DModel` and
+`HiDreamImageTransformer2DModel`, the video models `Kandinsky5Transformer3DModel` and
+`Kandinsky6Transformer3DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
+blocks). Some models are refused with the reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose
+attention is block-sparse). docs/families.md is the recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -44,16 +47,20 @@ from .base import (
     Stack,
     class_default_processor,
     is_mergeable_attention,
+    mask_where,
     max_downsample_for_levels,
 )
 from .chroma import ChromaFamily, Flux2Family
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
+from .fluxlike import Flux3Family, Krea2Family, LongCatImageFamily
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
+from .hyimage_hidream import HiDreamImageFamily, HunyuanImageFamily
 from .kandinsky import REFUSED as _KANDINSKY_REFUSED
 from .kandinsky import Kandinsky5Family, Kandinsky6Family, KandinskyFamily
 from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
+from .qwen_ernie import ErnieImageFamily, QwenImage21Family
 from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
@@ -65,19 +72,26 @@ __all__ = [
     "AttentionSite",
     "BlockSite",
     "ChromaFamily",
+    "ErnieImageFamily",
     "Family",
     "Flux2Family",
+    "Flux3Family",
     "FluxFamily",
+    "HiDreamImageFamily",
     "HunyuanVideo15Family",
+    "HunyuanImageFamily",
     "HunyuanVideoFamily",
     "IdsGridFamily",
     "Kandinsky5Family",
     "Kandinsky6Family",
     "KandinskyFamily",
+    "Krea2Family",
     "LTX2Family",
     "LTXVideoFamily",
     "Layout",
+    "LongCatImageFamily",
     "PixArtFamily",
+    "QwenImage21Family",
     "QwenImageFamily",
     "Rotary",
     "SD3Family",
@@ -97,6 +111,7 @@ __all__ = [
     "find_family",
     "grid_from_ids",
     "is_mergeable_attention",
+    "mask_where",
     "max_downsample_for_levels",
     "spatial_transformer_blocks",
     "spatio_temporal_blocks",
@@ -122,6 +137,13 @@ FAMILIES: dict[str, type[Family]] = {
         LTX2Family,
         HunyuanVideoFamily,
         HunyuanVideo15Family,
+        Krea2Family,
+        Flux3Family,
+        LongCatImageFamily,
+        QwenImage21Family,
+        ErnieImageFamily,
+        HunyuanImageFamily,
+        HiDreamImageFamily,
         Kandinsky5Family,
         Kandinsky6Family,
         SVDFamily,
@@ -146,6 +168,13 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "LTX2VideoTransformer3DModel",
         "HunyuanVideoTransformer3DModel",
         "HunyuanVideo15Transformer3DModel",
+        "Krea2Transformer2DModel",
+        "Flux3Transformer2DModel",
+        "LongCatImageTransformer2DModel",
+        "QwenImage21Transformer2DModel",
+        "ErnieImageTransformer2DModel",
+        "HunyuanImageTransformer2DModel",
+        "HiDreamImageTransformer2DModel",
         "Kandinsky5Transformer3DModel",
         "Kandinsky6Transformer3DModel",
         "UNetSpatioTemporalConditionModel",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import operator
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,25 +96,36 @@ class AttentionSite:
     `mask_at` / `rotary_at`: where its module passes the attention mask and the rotary tables to the
     processor, as positions after `hidden_states` when passed positionally (`rotary_at` None: the
     family's `Rotary.position`). FLUX.2's single-stream attention passes `(mask, rotary)`, not
-    `(text, mask, rotary)`.
+    `(text, mask, rotary)`. A processor that names its mask other than `attention_mask` is declared with
+    `mask_at=(position, keyword)` (HiDream's `hidden_states_masks`; `mask_where`).
     """
 
     module: torch.nn.Module
     is_cross: bool
     layout: Layout = Layout.IMAGE
     built_with: type | None = None
-    mask_at: int = 1
+    mask_at: int | tuple[int, str] = 1
     rotary_at: int | None = None
 
 
 @dataclass(frozen=True)
 class BlockSite:
-    """A block whose raw `hidden_states` input (image tokens, where `span` says) is the merge metric."""
+    """A block whose raw `hidden_states` input (image tokens, where `span` says) is the merge metric.
+
+    `sequence_first`: the block's input is `(S, B, C)`, sequence first (ERNIE-Image's blocks; their attention
+    module still gets `(B, S, C)`); the metric is its `(B, S, C)` view. Such a site declares where the grid's
+    tokens sit (`span` other than `WHOLE`, which takes the input as it comes).
+    """
 
     module: torch.nn.Module
     attentions: tuple[AttentionSite, ...]
     feed_forward: torch.nn.Module | None
     span: Span = Span.WHOLE
+    sequence_first: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sequence_first and self.span is Span.WHOLE:
+            raise ValueError("Expected a span other than Span.WHOLE on a sequence-first block, but got Span.WHOLE.")
 
     def metric(self, hidden_states: torch.Tensor, grid_tokens: int, tail: int = 0) -> torch.Tensor:
         """The grid's `grid_tokens` tokens of the block input `hidden_states` `(B, S, C)` (a view).
@@ -127,7 +139,12 @@ class BlockSite:
             [2.0, 3.0, 4.0]
             >>> site.metric(torch.arange(5.0).view(1, 5, 1), 2, tail=1).flatten().tolist()
             [2.0, 3.0]
+            >>> first = BlockSite(torch.nn.Identity(), (), None, Span.LEADING, sequence_first=True)
+            >>> first.metric(torch.arange(10.0).view(5, 2, 1), 3)[1].flatten().tolist()  # (S=5, B=2) -> sample 1
+            [1.0, 3.0, 5.0]
         """
+        if self.sequence_first and hidden_states.ndim == 3:
+            hidden_states = hidden_states.transpose(0, 1)
         if self.span is Span.WHOLE or hidden_states.ndim != 3 or hidden_states.shape[1] <= grid_tokens:
             return hidden_states
         if self.span is Span.LEADING:
@@ -141,12 +158,15 @@ class Stack:
     """One list of blocks of a model, declared: where it is and how its attention lays out the tokens.
 
     Attributes:
-        blocks: the model's attribute that holds the blocks (an `nn.ModuleList`).
+        blocks: the model's attribute that holds the blocks (an `nn.ModuleList`); a dotted path reaches into
+            submodules (`"mode_blocks.image"`: FLUX.3's image blocks, in an `nn.ModuleDict`).
         layout: how the blocks' attention receives the image tokens (`Layout`).
-        attention: the block's attribute that holds the attention module.
-        feed_forward: the block's feed-forward attribute (merged with `merge_mlp`), or None.
+        attention: the block's attribute that holds the attention module; a dotted path where the list holds
+            wrappers around the blocks (HiDream's `"block.attn1"`).
+        feed_forward: the block's feed-forward attribute (merged with `merge_mlp`; dotted as `attention`), or None.
         span: where the grid's tokens sit in the block's input (`Span`).
         mask_at / rotary_at / built_with: see `AttentionSite`.
+        sequence_first: the blocks get `(S, B, C)` inputs (see `BlockSite`).
     """
 
     blocks: str
@@ -154,25 +174,47 @@ class Stack:
     attention: str = "attn"
     feed_forward: str | None = None
     span: Span = Span.WHOLE
-    mask_at: int = 1
+    mask_at: int | tuple[int, str] = 1
     rotary_at: int | None = None
     built_with: type | None = None
+    sequence_first: bool = False
 
     def sites(self, model: torch.nn.Module) -> list[BlockSite]:
         """A `BlockSite` for every block of this stack in `model` (none where the model has no such list)."""
         sites = []
-        for block in getattr(model, self.blocks, None) or ():
+        blocks: Any = model
+        for part in self.blocks.split("."):
+            blocks = getattr(blocks, part, None)
+        for block in blocks or ():
             attention = AttentionSite(
-                getattr(block, self.attention),
+                operator.attrgetter(self.attention)(block),
                 False,
                 self.layout,
                 self.built_with,
                 mask_at=self.mask_at,
                 rotary_at=self.rotary_at,
             )
-            ff = getattr(block, self.feed_forward, None) if self.feed_forward else None
-            sites.append(BlockSite(block, (attention,), ff, self.span))
+            ff = _attribute(block, self.feed_forward) if self.feed_forward else None
+            sites.append(BlockSite(block, (attention,), ff, self.span, self.sequence_first))
         return sites
+
+
+def _attribute(module: torch.nn.Module, path: str) -> Any:
+    """`module`'s attribute at the dotted `path`, or None where a step is missing."""
+    for name in path.split("."):
+        module = getattr(module, name, None)
+    return module
+
+
+def mask_where(mask_at: int | tuple[int, str]) -> tuple[int, str]:
+    """`(position after hidden_states, keyword)` of the attention mask a processor gets, from a site's `mask_at`
+    (`AttentionSite`): a position alone means the keyword `attention_mask`.
+
+    Example:
+        >>> mask_where(1), mask_where((0, "hidden_states_masks"))
+        ((1, 'attention_mask'), (0, 'hidden_states_masks'))
+    """
+    return mask_at if isinstance(mask_at, tuple) else (mask_at, "attention_mask")
 
 
 def is_mergeable_attention(attn: Any) -> bool:
@@ -215,7 +257,8 @@ class Family:
     Attributes:
         name: short name (`"unet"`, `"pixart"`, `"sd3"`, `"flux"`).
         input_name / input_position: the model's input that the token grid is read from.
-        timestep_position: where the model's `timestep` argument sits when passed by position.
+        timestep_position / timestep_name: where the model's timestep argument sits when passed by position, and
+            its keyword (`"timestep"`; HiDream's `"timesteps"`).
         timestep_scale: multiplies the timestep onto the 0..1000 scale (Flux passes 0..1).
         merge_only: True where only `mode="merge"` works (joint attention computes its keys and
             values inside the processor from the same tokens as the queries, so K/V pooling cannot
@@ -247,6 +290,7 @@ class Family:
     input_name = "hidden_states"
     input_position = 0
     timestep_position = 2
+    timestep_name = "timestep"
     timestep_scale = 1.0
     merge_only = False
     defaults: dict[str, Any] = {}
@@ -361,12 +405,12 @@ class Family:
         """
         if is_compiling():
             return None
-        timestep = argument(args, kwargs, self.timestep_position, "timestep")
+        timestep = argument(args, kwargs, self.timestep_position, self.timestep_name)
         return timestep if views_a_schedule(timestep) else None
 
     def timestep(self, args: tuple, kwargs: dict) -> object:
         """The timestep of this forward on the 0..1000 scale (tensor, number or None)."""
-        t = argument(args, kwargs, self.timestep_position, "timestep")
+        t = argument(args, kwargs, self.timestep_position, self.timestep_name)
         if t is None or self.timestep_scale == 1.0:
             return t
         return t * self.timestep_scale

@@ -82,6 +82,8 @@ class Arch:
         video: the clip and strides of a video architecture; None for an image one (8 pixels per latent pixel).
         depth_fields: the config fields that set the depth (`--layers` caps each).
         space_stride: pixels per latent pixel of an image architecture's VAE.
+        derived: the config the model is built with from the declared one (`full` or `quick`, its depth capped):
+            fields that follow others (HiDream's `llama_layers`, one per block); None: as declared.
     """
 
     name: str
@@ -93,6 +95,7 @@ class Arch:
     video: VideoClip | None = None
     depth_fields: tuple[str, ...] = ("num_layers", "num_single_layers")
     space_stride: int = 8
+    derived: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     notes: str = field(default="", compare=False)
 
 
