@@ -307,11 +307,13 @@ def _decide(
 
 
 def attention_width(attn: object) -> int:
-    """The channels of an attention module's input (`query_dim`, else its `to_q`'s input features; 0 if neither)."""
+    """The channels of an attention module's input (`query_dim`, else its query projection's input features: `to_q`,
+    Kandinsky's `to_query`; 0 if none)."""
     width = getattr(attn, "query_dim", None)
     if isinstance(width, int) and width > 0:
         return width
-    return int(getattr(getattr(attn, "to_q", None), "in_features", 0) or 0)
+    projection = getattr(attn, "to_q", None) or getattr(attn, "to_query", None)
+    return int(getattr(projection, "in_features", 0) or 0)
 
 
 def site_shapes(model: torch.nn.Module, family: Family, sites: list[BlockSite]) -> tuple[SiteShape, ...]:

@@ -1,5 +1,5 @@
-"""Merged self-attention over video tokens with one rotary table row per token (Wan's and LTX-Video's 3-D
-rotary embeddings).
+"""Merged self-attention over video tokens with one rotary table row per token (Wan's, LTX-Video's and Kandinsky's
+3-D rotary embeddings).
 
 Wan's processor gets `rotary_emb = (cos, sin)`, each `(1, N, 1, D)`; LTX-Video's gets `image_rotary_emb =
 (cos, sin)`, each `(B, N, D)` (its family declares that with `Rotary(batched=True)`), and LTX-2's `query_rotary_emb`
@@ -8,7 +8,10 @@ the processor applies to the queries and keys. With the tokens merged, a row kee
 of the token it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing was merged into
 it), as Flux's rows do (see joint_attention.py): a rotation is exact only at a real position. The merge is
 per sample, so the tables become `(B, M, 1, D)` (Wan's, which the processor broadcasts over the heads as it
-did the shared table), `(B, M, D)` or `(B, H, M, D')`: the whole batch runs in one call.
+did the shared table), `(B, M, D)` or `(B, H, M, D')`: the whole batch runs in one call. Kandinsky's processors
+get one tensor of 2x2 rotation matrices instead of a pair, `(N, 1, D/2, 2, 2)` (Kandinsky 6, and again as the keys'
+`rotary_emb_kv`) or `(B, N, 1, D/2, 2, 2)` (Kandinsky 5), declared with `Rotary(pair=False)`: its rows are gathered
+alike, `(B, M, 1, D/2, 2, 2)`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ def run_with_rotary(
     inner = processor.inner
     merge = processor._merge_for(slot, hidden_states, args, kwargs)
     spec = slot.block.model.rotary  # None: Wan's `rotary_emb`
+    if spec is not None and not spec.pair:  # one tensor of rotations (Kandinsky's)
+        return _run_with_rotations(inner, slot, merge, attn, hidden_states, args, kwargs, spec)
     where = (spec.position, spec.name) if spec is not None else _ROTARY
     batched = spec is not None and spec.batched
     rotary = argument(args, kwargs, *where)
@@ -48,6 +53,82 @@ def run_with_rotary(
             args, kwargs, *where, merged_rotary(rotary, merge, slot.block.model, heads_first=heads_first)
         )
     return merge.unmerge(inner(attn, merge.merge(hidden_states), *args, **kwargs))
+
+
+def _run_with_rotations(
+    inner: Any,
+    slot: Any,
+    merge: TokenMerge | None,
+    attn: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    args: tuple,
+    kwargs: dict,
+    spec: Any,
+) -> Any:
+    """`run_with_rotary` where the processor gets one tensor of per-token rotations (`Rotary(pair=False)`), and with
+    `spec.key_name` the keys' own: each table that is there is taken at the merged rows (see `merged_rotations`)."""
+    if merge is None:  # `_merge_for` said why
+        return inner(attn, hidden_states, *args, **kwargs)
+    places = [(spec.position, spec.name)]
+    if spec.key_name is not None:
+        places.append((spec.key_position, spec.key_name))
+    tables = [argument(args, kwargs, *place) for place in places]
+    present = [table for table in tables if table is not None]
+    if present and (
+        merge.row_token is None
+        or not all(_fits_rotations(t, merge.batch, merge.num_tokens, spec.batched) for t in present)
+    ):
+        slot.skip(Skip.ROTARY, hidden_states)
+        return inner(attn, hidden_states, *args, **kwargs)
+    for place, table in zip(places, tables, strict=True):
+        if table is not None:
+            args, kwargs = replace_argument(args, kwargs, *place, merged_rotations(table, merge, spec.batched))
+    return merge.unmerge(inner(attn, merge.merge(hidden_states), *args, **kwargs))
+
+
+def _fits_rotations(table: Any, batch: int, num_tokens: int, batched: bool) -> bool:
+    """A tensor of `num_tokens` rows (after a batch axis of `batch`, with `batched`), as `merged_rotations` takes.
+
+    Example:
+        >>> one, batched = torch.zeros(6, 1, 4, 2, 2), torch.zeros(2, 6, 1, 4, 2, 2)
+        >>> _fits_rotations(one, 2, 6, batched=False), _fits_rotations(batched, 2, 6, batched=True)
+        (True, True)
+        >>> _fits_rotations(one[:5], 2, 6, batched=False), _fits_rotations((one, one), 2, 6, batched=False)
+        (False, False)
+    """
+    if not isinstance(table, torch.Tensor):
+        return False
+    if batched:
+        return table.ndim >= 2 and table.shape[0] == batch and table.shape[1] == num_tokens
+    return table.ndim >= 1 and table.shape[0] == num_tokens
+
+
+def merged_rotations(table: torch.Tensor, merge: TokenMerge, batched: bool = False) -> torch.Tensor:
+    """A tensor of per-token rotations `(N, ...)` (with `batched`, `(B, N, ...)`, one per sample) at every sample's
+    `merge.row_token`: `(B, M, ...)`, one gather.
+
+    A merged row is rotated as the token it is kept at (module doc). The result is kept on the merge, keyed by the
+    table (as `merged_rotary` keeps its tables): Kandinsky 6's self-attention passes the same table for its queries
+    and its keys, and a merge shared by several blocks (`share_level`) gathers once per forward.
+
+    Example:
+        >>> from tome_processors.merge import bipartite_soft_matching_2d
+        >>> merge = bipartite_soft_matching_2d(torch.eye(4)[None], 1, 4, 2, 1, 1, with_row_token=True)
+        >>> rotations = torch.arange(4.0).view(4, 1, 1, 1)
+        >>> merged_rotations(rotations, merge).flatten().tolist()  # rows kept at tokens 0, 2 and 3
+        [0.0, 2.0, 3.0]
+    """
+    keep = not is_compiling()
+    kept = merge.rotary
+    if keep and kept and len(kept[0]) == 1 and kept[0][0] is table:
+        return kept[1]
+    if batched:
+        gathered = table[_sample_index(merge.batch, table.device), merge.row_token]
+    else:
+        gathered = table[merge.row_token]
+    if keep:
+        kept[:] = [(table,), gathered]
+    return gathered
 
 
 def _fits(rotary: Any, batch: int, num_tokens: int, batched: bool = False) -> bool:

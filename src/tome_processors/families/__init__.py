@@ -20,8 +20,10 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `HunyuanVideo15Transformer3DModel`, the FLUX-like `Krea2Transformer2DModel`, `Flux3Transformer2DModel` and
 `LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
 `ErnieImageTransformer2DModel`, the image models `HunyuanImageTransformer2DModel` and
-`HiDreamImageTransformer2DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
-blocks). docs/families.md is the recipe for adding one.
+`HiDreamImageTransformer2DModel`, the video models `Kandinsky5Transformer3DModel` and
+`Kandinsky6Transformer3DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
+blocks). Some models are refused with the reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose
+attention is block-sparse). docs/families.md is the recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -54,6 +56,8 @@ from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .fluxlike import Flux3Family, Krea2Family, LongCatImageFamily
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
 from .hyimage_hidream import HiDreamImageFamily, HunyuanImageFamily
+from .kandinsky import REFUSED as _KANDINSKY_REFUSED
+from .kandinsky import Kandinsky5Family, Kandinsky6Family, KandinskyFamily
 from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
 from .qwen_ernie import ErnieImageFamily, QwenImage21Family
@@ -78,6 +82,9 @@ __all__ = [
     "HunyuanImageFamily",
     "HunyuanVideoFamily",
     "IdsGridFamily",
+    "Kandinsky5Family",
+    "Kandinsky6Family",
+    "KandinskyFamily",
     "Krea2Family",
     "LTX2Family",
     "LTXVideoFamily",
@@ -91,6 +98,7 @@ __all__ = [
     "SVDFamily",
     "SkyReelsV2Family",
     "Span",
+    "REFUSED",
     "SUPPORTED",
     "Stack",
     "UNetFamily",
@@ -136,6 +144,8 @@ FAMILIES: dict[str, type[Family]] = {
         ErnieImageFamily,
         HunyuanImageFamily,
         HiDreamImageFamily,
+        Kandinsky5Family,
+        Kandinsky6Family,
         SVDFamily,
         UNetFamily,
     )
@@ -165,9 +175,16 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "ErnieImageTransformer2DModel",
         "HunyuanImageTransformer2DModel",
         "HiDreamImageTransformer2DModel",
+        "Kandinsky5Transformer3DModel",
+        "Kandinsky6Transformer3DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )
+
+
+#: Model classes ToMe refuses, each with why: `family_of` (and so `apply_tome`, `enable_tome`, `explain_tome`) raises
+#: that instead of naming the supported families. No family matches them.
+REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED}
 
 
 def find_family(model: torch.nn.Module) -> Family | None:
@@ -180,8 +197,12 @@ def find_family(model: torch.nn.Module) -> Family | None:
 
 
 def family_of(model: Any) -> Family:
-    """The `Family` of `model`; a `ValueError` naming the model's class when it is not supported."""
+    """The `Family` of `model`; a `ValueError` naming the model's class when it is not supported (saying why where
+    ToMe refuses it: `REFUSED`)."""
     family = find_family(model) if isinstance(model, torch.nn.Module) else None
     if family is None:
+        for refused, why in REFUSED.items():
+            if isinstance(model, refused):
+                raise ValueError(why)
         raise ValueError(f"Expected a supported model family ({SUPPORTED}), but got {type(model).__name__}.")
     return family

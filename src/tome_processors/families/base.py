@@ -35,7 +35,8 @@ class Layout(enum.Enum):
     #: tables that cover the text) over the whole sequence open with the image (HunyuanVideo's blocks).
     JOINT_IMAGE_FIRST = "joint_image_first"
     #: `hidden_states` are the image tokens, and `rotary_emb` holds `(cos, sin)` tables of shape
-    #: `(1, N, 1, D)`, one row per token (Wan's 3-D rotary embeddings); the output is one tensor.
+    #: `(1, N, 1, D)`, one row per token (Wan's 3-D rotary embeddings), or as the family's `Rotary` says (one
+    #: tensor of rotations with `pair=False`: Kandinsky's); the output is one tensor.
     ROTARY = "rotary"
 
 
@@ -66,6 +67,13 @@ class Rotary:
         text_table: with `covers_text=False`, True where the tables after the first are the other tokens'
             own, left as they are (Qwen-Image's `(image, text)`); False where every table covers the image
             tokens alone and all follow the merged rows (HunyuanVideo's `(cos, sin)`, each `(N_image, D)`).
+        pair: True where the processor gets a `(cos, sin)` pair of tables; False where it gets one tensor whose
+            rows (after the batch axis, with `batched`) are the tokens' rotations, whatever follows them
+            (Kandinsky's 2x2 rotation matrices, `(N, 1, D/2, 2, 2)` or `(B, N, 1, D/2, 2, 2)`). `Layout.ROTARY`
+            only.
+        key_name / key_position: where the processor takes the keys' rotation as an argument of its own
+            (Kandinsky 6's `rotary_emb_kv`), or None. In a merged self-attention the keys are the merged rows
+            too, so that table follows them as the queries' does. `Layout.ROTARY` with `pair=False` only.
     """
 
     name: str = "image_rotary_emb"
@@ -73,6 +81,9 @@ class Rotary:
     covers_text: bool = True
     batched: bool = False
     text_table: bool = True
+    pair: bool = True
+    key_name: str | None = None
+    key_position: int = 3
 
 
 @dataclass(frozen=True)
