@@ -302,6 +302,9 @@ class Family:
     pipeline_patch: int | None = None
     #: Pixel frames per latent frame of a video family's VAE (its stride in time): 4 on Wan, 8 on LTX.
     frames_per_latent = 4
+    #: Latent frames the family's pipelines put ahead of the clip's in the model's input (Wan-Animate: the reference
+    #: image's), which its token grid counts: `explain_tome` adds them to the clip's.
+    extra_latent_frames = 0
 
     def matches(self, model: torch.nn.Module) -> bool:
         if self.model_class is None:
