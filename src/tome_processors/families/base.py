@@ -61,8 +61,8 @@ class Rotary:
         covers_text: True where the tables cover the attention's whole sequence, text included (FLUX:
             `(cos, sin)` over text then image tokens); False where the first table covers the image
             tokens alone and any others are left as they are (Qwen-Image: `(image, text)`).
-        batched: True where the tables carry a batch axis, `(B, S, ...)` (Z-Image); else `(S, ...)` for
-            the whole batch.
+        batched: True where the tables carry a batch axis, `(B, S, ...)` (Z-Image), or `(1, S, ...)` for the whole
+            batch (Helios's pipeline); else `(S, ...)` for the whole batch.
         text_table: with `covers_text=False`, True where the tables after the first are the other tokens'
             own, left as they are (Qwen-Image's `(image, text)`); False where every table covers the image
             tokens alone and all follow the merged rows (HunyuanVideo's `(cos, sin)`, each `(N_image, D)`).
