@@ -3,6 +3,7 @@ leaves whole, Helios's other block configurations and table layouts, and Wan-Ani
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -11,6 +12,8 @@ from diffusers import WanAnimate2Transformer3DModel
 from diffusers.models.transformers.transformer_wan_animate import WanAnimateFaceBlockAttnProcessor
 
 import tome_processors as tp
+from tome_processors.bench.dit import TRANSFORMER_ARCHITECTURES
+from tome_processors.cli.main import main
 from tome_processors.families import ChronoEditFamily, HeliosFamily, Layout, WanAnimateFamily, WanFamily, family_of
 
 from family_cases.wan_derived import (
@@ -159,3 +162,17 @@ def test_wan_animate_2_is_refused_by_name():
     with pytest.raises(ValueError, match="WanAnimate2Transformer3DModel"):
         tp.apply_tome(model)
     assert hooks_left(model) == 0
+
+
+@pytest.mark.parametrize("arch", ["wan-animate", "chronoedit", "helios"])
+def test_bench_architectures_run_quick_at_one_block(arch, tmp_path):
+    full = TRANSFORMER_ARCHITECTURES[arch]
+    fields = ("num_layers", "num_attention_heads", "attention_head_dim", "ffn_dim", "text_dim")
+    assert [full[name] for name in fields] == [40, 40, 128, 13824, 4096]  # the 14 B Wan shape
+    path = tmp_path / f"{arch}.json"
+    argv = ["bench", "--quick", "--rounds", "1", "--no-progress", "--no-memory", "--no-trained-quality"]
+    argv += ["--no-host-cost", "--arch", arch, "--presets", "balanced", "--frames", "5", "--layers", "1"]
+    assert main([*argv, "--json", str(path)]) == 0
+    rows = {row["name"]: row for row in json.loads(path.read_text())["rows"]}
+    assert sorted(rows) == ["baseline", "ours balanced r=0.75"]
+    assert 0 < rows["ours balanced r=0.75"]["rel_error"] < 1
