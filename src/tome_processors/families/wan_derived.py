@@ -93,7 +93,7 @@ class _ClipSite(BlockSite):
         extra = state.shard.extra if state.shard is not None else 0
         clip = state.frames * (grid_tokens - extra) + extra
         tokens = int(hidden_states.shape[1])
-        if state.shard is not None and tokens != clip:
+        if tokens < clip + tail or (state.shard is not None and tokens != clip):
             return hidden_states
         return hidden_states[:, tokens - tail - clip : tokens - tail]
 
