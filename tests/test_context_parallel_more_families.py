@@ -1,5 +1,5 @@
-"""LTX-2, HunyuanVideo and HunyuanVideo 1.5 under diffusers' context parallelism, with and without ToMe, on two CPU
-processes.
+"""LTX-2, HunyuanVideo, HunyuanVideo 1.5, ChronoEdit and Helios under diffusers' context parallelism, with and without
+ToMe, on two CPU processes.
 
 diffusers 0.42.1's own plan for LTX-2 (`LTX2VideoTransformer3DModel._cp_plan`) does not run: it splits the video
 tokens but not the rotary tables of the audio-video cross-attention (`cross_attn_rope`), and it splits the
@@ -10,6 +10,11 @@ over every head, and Ulysses leaves each rank a share of them).
 HunyuanVideo has no plan in diffusers: `HUNYUANVIDEO_PLAN` is a user's, equal to one process where the prompt has no
 padding. HunyuanVideo 1.5 fails under Ulysses with any plan that splits its tokens (its processor builds a query by
 key mask, and diffusers' Ulysses gathers a mask along the keys only).
+ChronoEdit and Helios run diffusers' own plans: ChronoEdit's is Wan's (the tokens split at the first block), Helios's
+splits each attention's and feed-forward's input and gathers their outputs (`helios_plan`: its entries for the blocks a
+model has; diffusers names the 40 of the released model, and fails on fewer). Helios's blocks get its history's tokens
+ahead of the clip's, split with them as one sequence: there a rank's tokens form no grid of the clip, and ToMe merges
+nothing and says so.
 
 Every scenario runs in one spawn of two ranks (`scenarios`, module fixture `ranks`); the tests read its results.
 """
@@ -75,7 +80,14 @@ HUNYUANVIDEO15_PLAN = {
 
 #: The video tokens a rank holds: 2 frames of 8 x 8 tokens (HunyuanVideo: patch 2), one whole frame a rank; 3 frames,
 #: 12 rows of 8 a rank (the middle frame split between them).
-WHOLE_FRAMES = {"ltx2": 64, "ltx2-masks-ring": 64, "ltx2-token-timestep": 64, "hunyuanvideo": 64}
+WHOLE_FRAMES = {
+    "ltx2": 64,
+    "ltx2-masks-ring": 64,
+    "ltx2-token-timestep": 64,
+    "hunyuanvideo": 64,
+    "chronoedit": 64,
+    "helios": 64,
+}
 TOKENS = {**WHOLE_FRAMES, "ltx2-mid-frame": 96, "hunyuanvideo-mid-frame": 96}
 
 
@@ -121,6 +133,29 @@ def _hunyuanvideo15():
     from test_hunyuanvideo import hunyuanvideo15_inputs, tiny_hunyuanvideo15
 
     return tiny_hunyuanvideo15(), hunyuanvideo15_inputs(batch=1, frames=2, h=8, w=8)
+
+
+def _chronoedit():
+    from family_cases.wan_derived import chronoedit_inputs, tiny_chronoedit
+
+    return tiny_chronoedit(), chronoedit_inputs(batch=1, frames=2, h=16, w=16)
+
+
+def helios_plan(model: torch.nn.Module) -> dict:
+    """Diffusers' plan for Helios (`HeliosTransformer3DModel._cp_plan`) less its entries for blocks `model` lacks."""
+    blocks = len(model.blocks)
+    return {
+        name: entry
+        for name, entry in type(model)._cp_plan.items()
+        if not (name.split(".")[1].isdigit() and int(name.split(".")[1]) >= blocks)
+    }
+
+
+def _helios(history: bool = False):
+    """2 frames of 8 x 8 tokens; with `history`, the history's 160 tokens ahead of them (the pipeline's sizes)."""
+    from family_cases.wan_derived import helios_inputs, tiny_helios
+
+    return tiny_helios(), helios_inputs(batch=1, frames=2, h=16, w=16, history=history)
 
 
 def _forward(model: torch.nn.Module, inputs: dict) -> np.ndarray:
@@ -200,6 +235,9 @@ def scenarios(rank: int, world_size: int) -> dict:
             "hunyuanvideo-mid-frame": _case(lambda: _hunyuanvideo(frames=3), HUNYUANVIDEO_PLAN),
             "hunyuanvideo-padded": _plain(lambda: _hunyuanvideo(padded=2), HUNYUANVIDEO_PLAN),
             "hunyuanvideo15": _plain(_hunyuanvideo15, HUNYUANVIDEO15_PLAN),
+            "chronoedit": _case(_chronoedit, None),
+            "helios": _case(_helios, helios_plan(_helios()[0])),
+            "helios-history": _case(lambda: _helios(history=True), helios_plan(_helios()[0])),
         }
 
 
@@ -265,6 +303,17 @@ def test_hunyuanvideo15_fails_under_ulysses_without_tome(ranks):
     # Its processor masks queries by keys (B, 1, S, S); diffusers' Ulysses gathers a mask along the keys only.
     for rank in ranks:
         assert "must match" in rank["hunyuanvideo15"]["error"], rank["hunyuanvideo15"]["error"]
+
+
+def test_helios_history_split_with_the_clip_merges_nothing_and_says_so(ranks):
+    # Diffusers' plan splits history (160 tokens) and clip (128) as one sequence of 288: 144 a rank, no grid of
+    # the clip (rank 0's run is history and the clip's start). Without ToMe the plan equals one process.
+    for result in (rank["helios-history"] for rank in ranks):
+        np.testing.assert_allclose(result["parallel_plain"], result["plain"], atol=1e-4)
+        assert set(result["tokens"]) == {144}
+        assert len(result["skips"]) == 1 and "fewer tokens than its block's grid" in result["skips"][0], result["skips"]
+        np.testing.assert_array_equal(result["out"], result["parallel_plain"])
+        np.testing.assert_array_equal(result["removed"], result["parallel_plain"])
 
 
 def _figures(results: list[dict]) -> None:

@@ -85,7 +85,8 @@ def explain_tome(
         height / width: the image (or video frame) size in pixels.
         batch: the forward's batch (e.g. 2 with classifier-free guidance); the verdicts are per sample.
         device_type: `"cuda"`, `"cpu"`, ...; default the model's parameters' device type.
-        num_frames: a video model's pixel frames (default 1).
+        num_frames: a video model's pixel frames (default 1): the clip one forward generates (Helios: one chunk's);
+            latent frames the family's pipelines add to the clip's (Wan-Animate's reference image) are counted.
         config / preset: the setting to explain (at most one).
         vae_scale_factor: pixels per latent pixel; default the pipeline's, or for a bare model the family's.
         print_table: print the rows as a table.
@@ -194,7 +195,7 @@ def _explain_model(
     frames = 1
     if family.video:
         stride_t = scale.temporal or family.frames_per_latent
-        frames = 1 + (max(num_frames or 1, 1) - 1) // stride_t
+        frames = 1 + (max(num_frames or 1, 1) - 1) // stride_t + family.extra_latent_frames
     shapes = site_shapes(model, family, family.blocks(model))
     group = group_of(family.name)
     auto = family.auto_downsample(model)

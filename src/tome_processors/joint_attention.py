@@ -171,9 +171,11 @@ def _rotary_fits(spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, n
     if rotary is None:
         return True
     tables = _gathered(spec, _rotary_tables(rotary))
-    if spec.batched:  # (B, S, ...): Z-Image's (B, S, D/2), ERNIE-Image's (B, S, 1, D), HiDream's (B, S, 1, D/2, 2, 2)
+    if spec.batched:  # (B or 1, S, ...): Z-Image's (B, S, D/2), ERNIE-Image's (B, S, 1, D), HiDream's (B, S, 1, D/2, 2,
+        # 2), Helios's (1, S, 2D) for the whole batch
         return all(
-            isinstance(t, torch.Tensor) and t.ndim >= 3 and t.shape[:2] == (batch, num_positions) for t in tables
+            isinstance(t, torch.Tensor) and t.ndim >= 3 and t.shape[0] in (1, batch) and t.shape[1] == num_positions
+            for t in tables
         )
     return all(isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape[0] == num_positions for t in tables)
 
@@ -212,7 +214,9 @@ def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge, after: int = 0)
     row_token = _positions(merge, after).to(tables[0].device)
     if spec.batched:  # (B, S, D) tables: one lookup along the sequence for the whole batch
         samples = sample_index(merge.batch, row_token.device)
-        gathered = [t[samples, row_token] for t in follow]
+        # A table of batch 1 serves every sample: each sample's rows are gathered from it.
+        alone = sample_index(merge.batch, row_token.device, alike=True)
+        gathered = [t[samples if t.shape[0] == merge.batch else alone, row_token] for t in follow]
         per_call = [_rebuilt(rotary, gathered + tables[len(follow) :])]
     else:
         per_call = []
@@ -236,12 +240,14 @@ def _batched_rotary(spec: Rotary, rotary: Any, merge: TokenMerge, after: int = 0
 _SAMPLE_INDEX: dict[tuple, torch.Tensor] = {}
 
 
-def sample_index(batch: int, device: torch.device) -> torch.Tensor:
-    """`(batch, 1)`: each sample's index, made once per batch size and device (indexes a batched table)."""
-    key = (batch, device)
+def sample_index(batch: int, device: torch.device, alike: bool = False) -> torch.Tensor:
+    """`(batch, 1)`: each sample's index, made once per batch size and device (indexes a batched table); with
+    `alike`, 0 for every sample (indexes a table of batch 1 that serves the whole batch)."""
+    key = (batch, device, alike)
     index = _SAMPLE_INDEX.get(key)
     if index is None:
-        index = _SAMPLE_INDEX[key] = torch.arange(batch, device=device).view(batch, 1)
+        made = torch.zeros(batch, dtype=torch.long, device=device) if alike else torch.arange(batch, device=device)
+        index = _SAMPLE_INDEX[key] = made.view(batch, 1)
     return index
 
 

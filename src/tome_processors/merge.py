@@ -175,12 +175,15 @@ class TokenMerge:
         # Sample b's rows now start at b * (text + M), its text rows first: the grid's move by (b + 1) * text.
         shift = _constant(("shift", B, text, device), lambda: (torch.arange(B, device=device).view(B, 1) + 1) * text)
         token_rows = torch.cat([_text_rows(B, text, M, device), self.token_rows + shift], dim=1)
-        ones = _ones(B * text, device, self.row_size.dtype).view(B, text, 1)
+        dtype = self.row_size.dtype
+        key = ("text ones", B, text, device, dtype)
+        ones = _constant(key, lambda: torch.ones(B, text, 1, device=device, dtype=dtype))
         row_size = torch.cat([ones, self.row_size.view(B, M, 1)], dim=1).view(B * (text + M), 1)
         row_token = self.row_token
         if row_token is not None and self.text != text:  # positions counted after another text length
-            grid_rows = row_token[:, self.text :] + (text - self.text)
-            row_token = torch.cat([positions(text, device).expand(B, text), grid_rows], dim=1)
+            grid_rows = (row_token[:, self.text :] if self.text else row_token) + (text - self.text)
+            leading = _constant(("text positions", B, text, device), lambda: positions(text, device).expand(B, text))
+            row_token = torch.cat([leading, grid_rows], dim=1)
         extended = TokenMerge(
             token_rows.view(-1), row_size, B, text + N, text + M, row_token, token_rows, text, text_rows=text
         )

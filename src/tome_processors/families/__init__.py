@@ -14,7 +14,8 @@ the processor stay generic. A family answers four questions about a model:
 Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
 `PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel`, `Flux2Transformer2DModel`,
 `ChromaTransformer2DModel`, `QwenImageTransformer2DModel`, `ZImageTransformer2DModel`, and the video models
-`WanTransformer3DModel` (and its derivatives `SkyReelsV2Transformer3DModel`, `WanVACETransformer3DModel`),
+`WanTransformer3DModel` (and its derivatives `SkyReelsV2Transformer3DModel`, `WanVACETransformer3DModel`,
+`WanAnimateTransformer3DModel`, `ChronoEditTransformer3DModel`, `HeliosTransformer3DModel`),
 `LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
 `HunyuanVideoTransformer3DModel`,
 `HunyuanVideo15Transformer3DModel`, the FLUX-like `Krea2Transformer2DModel`, `Flux3Transformer2DModel` and
@@ -65,6 +66,7 @@ from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
 from .wan import SkyReelsV2Family, WanFamily, WanVACEFamily
+from .wan_derived import ChronoEditFamily, HeliosFamily, WanAnimateFamily
 from .zimage import ZImageFamily
 
 __all__ = [
@@ -72,11 +74,13 @@ __all__ = [
     "AttentionSite",
     "BlockSite",
     "ChromaFamily",
+    "ChronoEditFamily",
     "ErnieImageFamily",
     "Family",
     "Flux2Family",
     "Flux3Family",
     "FluxFamily",
+    "HeliosFamily",
     "HiDreamImageFamily",
     "HunyuanVideo15Family",
     "HunyuanImageFamily",
@@ -103,6 +107,7 @@ __all__ = [
     "Stack",
     "UNetFamily",
     "ZImageFamily",
+    "WanAnimateFamily",
     "WanFamily",
     "WanVACEFamily",
     "attention_levels",
@@ -133,6 +138,9 @@ FAMILIES: dict[str, type[Family]] = {
         WanFamily,
         SkyReelsV2Family,
         WanVACEFamily,
+        WanAnimateFamily,
+        ChronoEditFamily,
+        HeliosFamily,
         LTXVideoFamily,
         LTX2Family,
         HunyuanVideoFamily,
@@ -164,6 +172,9 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "WanTransformer3DModel",
         "SkyReelsV2Transformer3DModel",
         "WanVACETransformer3DModel",
+        "WanAnimateTransformer3DModel",
+        "ChronoEditTransformer3DModel",
+        "HeliosTransformer3DModel",
         "LTXVideoTransformer3DModel",
         "LTX2VideoTransformer3DModel",
         "HunyuanVideoTransformer3DModel",

@@ -62,8 +62,8 @@ class Rotary:
         covers_text: True where the tables cover the attention's whole sequence, text included (FLUX:
             `(cos, sin)` over text then image tokens); False where the first table covers the image
             tokens alone and any others are left as they are (Qwen-Image: `(image, text)`).
-        batched: True where the tables carry a batch axis, `(B, S, ...)` (Z-Image); else `(S, ...)` for
-            the whole batch.
+        batched: True where the tables carry a batch axis, `(B, S, ...)` (Z-Image), or `(1, S, ...)` for the whole
+            batch (Helios's pipeline); else `(S, ...)` for the whole batch.
         text_table: with `covers_text=False`, True where the tables after the first are the other tokens'
             own, left as they are (Qwen-Image's `(image, text)`); False where every table covers the image
             tokens alone and all follow the merged rows (HunyuanVideo's `(cos, sin)`, each `(N_image, D)`).
@@ -313,6 +313,9 @@ class Family:
     pipeline_patch: int | None = None
     #: Pixel frames per latent frame of a video family's VAE (its stride in time): 4 on Wan, 8 on LTX.
     frames_per_latent = 4
+    #: Latent frames the family's pipelines put ahead of the clip's in the model's input (Wan-Animate: the reference
+    #: image's), which its token grid counts: `explain_tome` adds them to the clip's.
+    extra_latent_frames = 0
 
     def matches(self, model: torch.nn.Module) -> bool:
         if self.model_class is None:
