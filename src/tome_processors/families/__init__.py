@@ -22,8 +22,10 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
 `ErnieImageTransformer2DModel`, the image models `HunyuanImageTransformer2DModel` and
 `HiDreamImageTransformer2DModel`, the video models `Kandinsky5Transformer3DModel` and
-`Kandinsky6Transformer3DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
-blocks). Some models are refused with the reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose
+`Kandinsky6Transformer3DModel`, the CogVideoX lineage (`CogVideoXTransformer3DModel`, `ConsisIDTransformer3DModel`,
+`CogView3PlusTransformer2DModel`, `CogView4Transformer2DModel`),
+and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks).
+Some models are refused with the reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose
 attention is block-sparse). docs/families.md is the recipe for adding one.
 
 Example:
@@ -52,6 +54,7 @@ from .base import (
     max_downsample_for_levels,
 )
 from .chroma import ChromaFamily, Flux2Family
+from .cog import CogVideoXFamily, CogView3PlusFamily, CogView4Family, ConsisIDFamily
 from .dit import PixArtFamily, SD3Family
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .fluxlike import Flux3Family, Krea2Family, LongCatImageFamily
@@ -75,6 +78,10 @@ __all__ = [
     "BlockSite",
     "ChromaFamily",
     "ChronoEditFamily",
+    "CogVideoXFamily",
+    "CogView3PlusFamily",
+    "CogView4Family",
+    "ConsisIDFamily",
     "ErnieImageFamily",
     "Family",
     "Flux2Family",
@@ -154,6 +161,10 @@ FAMILIES: dict[str, type[Family]] = {
         HiDreamImageFamily,
         Kandinsky5Family,
         Kandinsky6Family,
+        CogVideoXFamily,
+        ConsisIDFamily,
+        CogView3PlusFamily,
+        CogView4Family,
         SVDFamily,
         UNetFamily,
     )
@@ -188,6 +199,10 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "HiDreamImageTransformer2DModel",
         "Kandinsky5Transformer3DModel",
         "Kandinsky6Transformer3DModel",
+        "CogVideoXTransformer3DModel",
+        "ConsisIDTransformer3DModel",
+        "CogView3PlusTransformer2DModel",
+        "CogView4Transformer2DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )
