@@ -2,7 +2,7 @@
 model's own bit for bit, and `remove_tome` leaves a model that runs as it was built.
 
 Tiny random-weight models from configs (diffusers' own test sizes): the latent upscaler's K-UNet, Sana (linear
-attention), CogVideoX (its own joint processor), AuraFlow and Kandinsky 2.2's UNet (added-K/V attention).
+attention), AuraFlow and Kandinsky 2.2's UNet (added-K/V attention).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import pytest
 import torch
 from diffusers import (
     AuraFlowTransformer2DModel,
-    CogVideoXTransformer3DModel,
     SanaTransformer2DModel,
     UNet2DConditionModel,
 )
@@ -81,28 +80,6 @@ def sana() -> tuple[torch.nn.Module, dict]:
     )
 
 
-def cogvideox() -> tuple[torch.nn.Module, dict]:
-    torch.manual_seed(0)
-    model = CogVideoXTransformer3DModel(
-        num_attention_heads=2,
-        attention_head_dim=8,
-        in_channels=4,
-        out_channels=4,
-        time_embed_dim=4,
-        text_embed_dim=8,
-        num_layers=1,
-        sample_width=8,
-        sample_height=8,
-        sample_frames=8,
-        patch_size=2,
-        temporal_compression_ratio=4,
-        max_text_seq_length=8,
-    ).eval()
-    return model, dict(
-        hidden_states=_noise(1, 2, 4, 8, 8), encoder_hidden_states=_noise(1, 8, 8, seed=1), timestep=torch.tensor([500])
-    )
-
-
 def auraflow() -> tuple[torch.nn.Module, dict]:
     torch.manual_seed(0)
     model = AuraFlowTransformer2DModel(
@@ -154,7 +131,6 @@ def kandinsky22_unet() -> tuple[torch.nn.Module, dict]:
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, dict]]] = {
     "latent-upscaler": latent_upscaler_unet,
     "sana": sana,
-    "cogvideox": cogvideox,
     "auraflow": auraflow,
     "kandinsky22": kandinsky22_unet,
 }

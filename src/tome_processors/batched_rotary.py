@@ -128,9 +128,10 @@ def sample_tables(rotary: Any, row_token: torch.Tensor, follow: int | None = Non
     """
     every = _tables(rotary)
     follow = len(every) if follow is None else follow
-    row_token = row_token.to(every[0].device)
-    # One row lookup per table (`embedding`: one kernel, complex tables too) for the whole batch.
-    tables = [SampleTables(torch.nn.functional.embedding(row_token, t)) for t in every[:follow]] + every[follow:]
+    # One row lookup per table (`embedding`: one kernel, complex tables too) for the whole batch, on the merge's
+    # device: CogView 4 builds its tables on the host, and the merged rows' positions stay where they were made.
+    gathered = [torch.nn.functional.embedding(row_token, t.to(row_token.device)) for t in every[:follow]]
+    tables = [SampleTables(t) for t in gathered] + every[follow:]
     return type(rotary)(tables) if isinstance(rotary, (tuple, list)) else tables[0]
 
 
