@@ -1,6 +1,7 @@
 """The CogVideoX lineage beyond the family table (tests/family_cases/cog.py): what each family reads from its
 model's call, CogView 4's mask over the text, the feed-forwards `merge_mlp` leaves alone, CogView 4's host-made
-rotary tables, and `explain_tome` on CogVideoX 1.5's two latent frames a token."""
+rotary tables, `explain_tome` on CogVideoX 1.5's two latent frames a token, and the bench's architectures (their
+published configs checked at the real size on the meta device)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 
 import tome_processors as tp
 from tome_processors.batched_rotary import SampleTables, sample_tables
+from tome_processors.bench.archs import ARCHS
+from tome_processors.bench.dit import build_transformer, make_transformer_inputs
 from tome_processors.families import Layout, family_of
 from tome_processors.joint_attention import _merged_rotary
 from tome_processors.merge import bipartite_soft_matching_2d
@@ -94,16 +97,18 @@ def test_cogview4_tables_made_on_the_host_are_gathered_on_the_merges_device():
     assert gathered[0].table.shape == (2, 20, 8)
 
 
-def test_cogview4_tables_per_sample_follow_the_merge_device_for_other_processors():
+def test_cogview4_tables_per_sample_follow_the_merge_for_other_processors():
     # A processor not known to take a table per sample gets each sample's rows, gathered on the merge's device.
-    metric = torch.randn(2, H * W, 8)
-    merge = bipartite_soft_matching_2d(metric, H, W, 2, 2, H * W // 2, with_row_token=True)
     cos, sin = tiny_cogview4().rope(cogview_inputs()["hidden_states"])
     spec = family_of(tiny_cogview4()).rotary
+    metric = torch.randn(2, H * W, 8)
+    merge = bipartite_soft_matching_2d(metric, H, W, 2, 2, H * W // 2, with_row_token=True)
     per_sample = _merged_rotary(spec, (cos, sin), merge)
     assert len(per_sample) == 2
     for b, (cos_b, sin_b) in enumerate(per_sample):
         assert torch.equal(cos_b, cos[merge.row_token[b]]) and torch.equal(sin_b, sin[merge.row_token[b]])
+    on_meta = bipartite_soft_matching_2d(metric.to("meta"), H, W, 2, 2, H * W // 2, with_row_token=True)
+    assert all(t.device.type == "meta" for tables in _merged_rotary(spec, (cos, sin), on_meta) for t in tables)
 
 
 @pytest.mark.parametrize(("num_frames", "token_frames"), [(13, 2), (9, 2), (17, 3)])
@@ -117,3 +122,50 @@ def test_explain_counts_cogvideox15_token_frames(num_frames, token_frames):
     one_zero = tiny_cogvideox()  # 1.0: one latent frame a token
     rows = tp.explain_tome(one_zero, 16 * H, 16 * W, num_frames=num_frames, preset="balanced", print_table=False)
     assert {row.tokens for row in rows if row.level == 1} == {(1 + (num_frames - 1) // 4) * H * W}
+
+
+@pytest.mark.parametrize("arch", ["cogvideox", "consisid", "cogview3plus", "cogview4"])
+def test_bench_architectures_build_and_merge_as_their_pipelines_call_them(arch):
+    model = build_transformer(arch, quick=True)
+    family = family_of(model)
+    assert family.name == arch and len(family.blocks(build_transformer(arch, quick=True, layers=1))) == 1
+    inputs = make_transformer_inputs(model, arch, batch=2, resolution=96, width=128, frames=5, text_tokens=9)
+    assert family.token_grid(model, (), inputs.kwargs)[-2:] == ((6, 8) if family.video else (6, 6))
+    plain = inputs.run(model)
+    tp.apply_tome(model, ratio=0.5)
+    merged = inputs.run(model)
+    assert merged.shape == plain.shape and torch.isfinite(merged).all() and not torch.allclose(merged, plain)
+
+
+@pytest.mark.parametrize(
+    ("arch", "tokens", "text"),
+    [("cogvideox", 13 * 30 * 45, 226), ("consisid", 13 * 30 * 45, 226), ("cogview4", 64 * 64, 256)],
+)
+def test_bench_full_configs_take_their_pipelines_inputs_at_the_real_size(arch, tokens, text):
+    # On the meta device (shapes only): the real width, 480 x 720 px and 49 frames (13 latent frames) for the videos,
+    # 1024 px for CogView 4; ToMe at 0.5 halves the image tokens every joint attention gets after the prompt's.
+    model = build_transformer(arch, layers=2, device="meta")
+    assert model.config.num_attention_heads * model.config.attention_head_dim in (3072, 4096)
+    inputs = make_transformer_inputs(model, arch, 2, 480 if family_of(model).video else 1024, device="meta")
+    assert int(torch.tensor(family_of(model).token_grid(model, (), inputs.kwargs)).prod()) == tokens
+    tp.apply_tome(model, ratio=0.5)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, key, value, *args, **kwargs):
+        calls.append(int(query.shape[-2]))
+        return sdpa(query, key, value, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+        out = inputs.run(model)
+    assert out.shape[0] == 2 and calls == [text + tokens // 2] * 2
+
+
+def test_consisid_bench_config_keeps_a_perceiver_for_every_block_that_calls_one():
+    # The model calls a perceiver after blocks 0, interval, 2 x interval, ... and makes num_layers // interval of them.
+    arch = ARCHS["consisid"]
+    assert arch.derived(arch.full) == arch.full and arch.full["num_layers"] % arch.full["cross_attn_interval"] == 0
+    assert arch.derived(dict(arch.full, num_layers=3))["cross_attn_interval"] == 1
+    model = build_transformer("consisid", quick=True, layers=1)
+    assert len(model.perceiver_cross_attention) == 1
