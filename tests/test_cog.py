@@ -19,7 +19,18 @@ from tome_processors.joint_attention import _merged_rotary
 from tome_processors.merge import bipartite_soft_matching_2d
 
 from family_cases import CASES
-from family_cases.cog import FRAMES, TEXT, H, W, cogvideox_inputs, cogview_inputs, tiny_cogvideox, tiny_cogview4
+from family_cases.cog import (
+    FRAMES,
+    HEAD_DIM,
+    HEADS,
+    TEXT,
+    H,
+    W,
+    cogvideox_inputs,
+    cogview_inputs,
+    tiny_cogvideox,
+    tiny_cogview4,
+)
 
 
 def forward(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
@@ -169,3 +180,26 @@ def test_consisid_bench_config_keeps_a_perceiver_for_every_block_that_calls_one(
     assert arch.derived(dict(arch.full, num_layers=3))["cross_attn_interval"] == 1
     model = build_transformer("consisid", quick=True, layers=1)
     assert len(model.perceiver_cross_attention) == 1
+
+
+def test_cogvideox_fused_projections_keep_merging_the_whole_batch_in_one_call():
+    # `fuse_qkv_projections()` (diffusers' advice for CogVideoX's speed) sets FusedCogVideoXAttnProcessor2_0, which
+    # ToMe wraps again and gives a rotary table per sample: one attention call a block for the batch, as unfused.
+    model, inputs = tiny_cogvideox(), cogvideox_inputs()
+    tp.apply_tome(model, ratio=0.5, use_rand=False)
+    unfused = forward(model, inputs)
+    model.fuse_qkv_projections()
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, key, value, *args, **kwargs):
+        calls.append(tuple(query.shape))
+        return sdpa(query, key, value, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+        fused = forward(model, inputs)
+    assert calls == [(2, HEADS, TEXT + FRAMES * H * W // 2, HEAD_DIM)] * 2
+    torch.testing.assert_close(fused, unfused, rtol=1e-5, atol=1e-5)
+    model.unfuse_qkv_projections()
+    tp.remove_tome(model)

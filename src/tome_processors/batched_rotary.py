@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0
+from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
 from diffusers.models.transformers.transformer_cogview4 import CogView4AttnProcessor
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
@@ -37,7 +37,7 @@ __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sa
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
 #: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1) or its default
-#: `sequence_dim=2` (CogVideoX, ConsisID and CogView 3 Plus; CogView 4, `use_real_unbind_dim=-2`) or
+#: `sequence_dim=2` (CogVideoX, ConsisID and CogView 3 Plus, fused or not; CogView 4, `use_real_unbind_dim=-2`) or
 #: `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole
 #: batch at once: the first step's call stores the batch's keys and values in its cache). Exact types: a subclass may
 #: read the table some other way.
@@ -45,6 +45,7 @@ SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
         CogVideoXAttnProcessor2_0,
         CogView4AttnProcessor,
+        FusedCogVideoXAttnProcessor2_0,
         FluxAttnProcessor,
         FluxIPAdapterAttnProcessor,
         Flux2AttnProcessor,
