@@ -356,12 +356,23 @@ class ModelHooks:
         release_buffers()  # the merges' zero tensors (device memory); another model's merges make theirs again
 
     def stand_down(self, model: torch.nn.Module) -> None:
-        """No ToMe processor is left in `model`: take everything away (or, while compiling, merge nothing)."""
+        """No ToMe processor is left in `model`: take everything away (or, while compiling, merge nothing), and say
+        so once: something replaced every processor ToMe was on."""
         if is_compiling():  # hooks cannot be taken off inside a traced graph
             self.reset()
             return
+        log = self.model_state.skips
         self.remove()
-        logger.debug("ToMe stood down on %s: no attention module holds a ToMe processor", type(model).__name__)
+        name = type(model).__name__
+        report_skip(
+            log,
+            Skip.REPLACED,
+            message=f"ToMe stood down on {name}: every attention processor ToMe was on has been replaced "
+            "(set_attn_processor, or attn.processor = ...) since it was applied, so nothing merges from this forward "
+            "on. To keep ToMe on through processor swaps, turn it on with pipe.enable_tome() (after "
+            "tome_processors.patch_pipelines()), or apply it after the processors are set; to turn it off on "
+            "purpose, remove_tome says nothing. (Said once.)",
+        )
 
 
 def _begin_mid_forward(context: ModelHooks) -> None:
