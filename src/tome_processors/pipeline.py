@@ -24,6 +24,7 @@ import torch
 from .apply import apply_plan, denoiser_of, remove_model, remove_tome, target_models
 from .config import Preset, ToMeConfig
 from .families import Family
+from .families.walk import one_walk
 from .hooks import context_of, unwatch_schedule, watch_schedule
 from .plan import plan_tome
 from .processor import ToMeProcessor
@@ -103,7 +104,8 @@ def enable_tome(
     disable_tome(pipe)
     try:
         for plan in plans:
-            _forget_model(plan.model, plan.family)  # enabled earlier through another pipeline sharing it (`from_pipe`)
+            with one_walk(plan.model, plan.walk):  # enabled earlier through another pipeline sharing it (`from_pipe`)
+                _forget_model(plan.model, plan.family)
             context = apply_plan(plan, stacklevel=3)
             context.keeper.install(keep_all=True)  # set_attn_processor too: ToMe stays until disable_tome
     except Exception:

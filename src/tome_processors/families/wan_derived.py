@@ -9,7 +9,7 @@ a feed-forward) and its 5-D latent, so each is a `WanFamily`; what differs is wh
   time between a 2-frame clip's frames);
 - Helios (`HeliosTransformer3DModel`): the history of the clips generated before, as tokens ahead of the clip's.
 
-`WanAnimate2Transformer3DModel` (Wan-Animate 2) is not supported: see `WanAnimateFamily`.
+`WanAnimate2Transformer3DModel` (Wan-Animate 2) is refused, with the reason (`REFUSED`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from diffusers import ChronoEditTransformer3DModel, HeliosTransformer3DModel, WanAnimateTransformer3DModel
+from diffusers import (
+    ChronoEditTransformer3DModel,
+    HeliosTransformer3DModel,
+    WanAnimate2Transformer3DModel,
+    WanAnimateTransformer3DModel,
+)
 
 from .base import AttentionSite, BlockSite, Layout, Rotary, Span
 from .wan import WanFamily
@@ -123,3 +128,18 @@ class HeliosFamily(WanFamily):
             attentions.append(AttentionSite(block.attn2, True, cross))
             sites.append(_ClipSite(block, tuple(attentions), block.ffn, Span.TRAILING))
         return sites
+
+
+#: The model classes of this module ToMe refuses, each with why (`families.family_of` raises it). Wan-Animate 2's
+#: self-attention processor (`WanAnimate2AttnProcessor`, transformer_wan_animate_2.py) builds its rotary positions
+#: inside itself from `grid_sizes` over the first frames x h x w tokens (`rope_apply`), caches the reference pass's
+#: keys and values per layer, and in the generation pass scatters its queries frame by frame into a flex-attention
+#: block mask's buffer: fewer tokens line up with none of the three.
+REFUSED: dict[type, str] = {
+    WanAnimate2Transformer3DModel: (
+        "Expected a model whose attention ToMe can merge, but got WanAnimate2Transformer3DModel: its self-attention "
+        "processor builds the rotary positions itself from the grid's size over the first frames x h x w tokens, "
+        "caches the reference pass's keys and values per layer and scatters the queries frame by frame into a "
+        "flex-attention block mask, none of which merged tokens line up with. ToMe cannot merge in this model."
+    )
+}
