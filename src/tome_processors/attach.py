@@ -42,7 +42,7 @@ from .built import missing_inner_error, rebuilt_processor
 from .calls import module_calls
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
-from .families import SUPPORTED, find_family
+from .families import find_family, why_no_family
 from .hooks import attention_modules, context_of, enter_block, install, warn_if_merges_nothing
 from .plan import plan_tome
 from .replaced import warn_replaced_forwards
@@ -130,9 +130,9 @@ def _tell_unsupported(attn: torch.nn.Module, calls: list, processor_type: type) 
     _TOLD.add(model)
     name = type(model).__name__
     warnings.warn(
-        f"ToMe merges nothing in {name}: Expected a supported model family ({SUPPORTED}), but got {name}. Its "
-        "attention modules run the processor each ToMeProcessor wraps (without one, the processor the model builds "
-        "them with), unchanged: the output is the model's own. (Said once per model.)",
+        f"ToMe merges nothing in {name}: {why_no_family(model)} Its attention modules run the processor each "
+        "ToMeProcessor wraps (without one, the processor the model builds them with), unchanged: the output is the "
+        "model's own. (Said once per model.)",
         UserWarning,
         stacklevel=5,
     )

@@ -113,7 +113,6 @@ __all__ = [
     "Span",
     "REFUSED",
     "REGISTERED",
-    "SUPPORTED",
     "Stack",
     "UNetFamily",
     "ZImageFamily",
@@ -126,6 +125,7 @@ __all__ = [
     "find_family",
     "register_family",
     "unregister_family",
+    "why_no_family",
     "grid_from_ids",
     "is_attention_module",
     "is_mergeable_attention",
@@ -179,44 +179,6 @@ _OWN: dict[str, type[Family]] = {
 #: `register_family` first, then the library's own (the UNet family, which matches any model with spatial
 #: transformer blocks, last).
 FAMILIES: dict[str, type[Family]] = dict(_OWN)
-
-#: The model classes ToMe supports, named in the errors and warnings for any other model.
-SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Transformer2DModel), " + ", ".join(
-    (
-        "PixArtTransformer2DModel",
-        "SD3Transformer2DModel",
-        "FluxTransformer2DModel",
-        "Flux2Transformer2DModel",
-        "ChromaTransformer2DModel",
-        "QwenImageTransformer2DModel",
-        "ZImageTransformer2DModel",
-        "WanTransformer3DModel",
-        "SkyReelsV2Transformer3DModel",
-        "WanVACETransformer3DModel",
-        "WanAnimateTransformer3DModel",
-        "ChronoEditTransformer3DModel",
-        "HeliosTransformer3DModel",
-        "LTXVideoTransformer3DModel",
-        "LTX2VideoTransformer3DModel",
-        "HunyuanVideoTransformer3DModel",
-        "HunyuanVideo15Transformer3DModel",
-        "Krea2Transformer2DModel",
-        "Flux3Transformer2DModel",
-        "LongCatImageTransformer2DModel",
-        "QwenImage21Transformer2DModel",
-        "ErnieImageTransformer2DModel",
-        "HunyuanImageTransformer2DModel",
-        "HiDreamImageTransformer2DModel",
-        "Kandinsky5Transformer3DModel",
-        "Kandinsky6Transformer3DModel",
-        "CogVideoXTransformer3DModel",
-        "ConsisIDTransformer3DModel",
-        "CogView3PlusTransformer2DModel",
-        "CogView4Transformer2DModel",
-        "UNetSpatioTemporalConditionModel",
-    )
-)
-
 
 #: Model classes ToMe refuses, each with why: `family_of` (and so `apply_tome`, `enable_tome`, `explain_tome`) raises
 #: that instead of naming the supported families. No family matches them.
@@ -298,18 +260,27 @@ def find_family(model: torch.nn.Module) -> Family | None:
     return None
 
 
+def why_no_family(model: Any) -> str:
+    """Why ToMe merges nothing in `model`, of no declared family: the reason ToMe refuses its class (`REFUSED`), or
+    that no family is declared for it; and where to read more (docs/families.md).
+
+    Example:
+        >>> why_no_family(torch.nn.Linear(1, 1))[:60]
+        'Expected a model of a declared family, but got Linear, for w'
+    """
+    for refused, why in REFUSED.items():
+        if isinstance(model, refused):
+            return f"{why} ({FAMILIES_PAGE} lists every diffusers model ToMe merges in, and why not.)"
+    return (
+        f"Expected a model of a declared family, but got {type(model).__name__}, for which none is declared. "
+        f"{FAMILIES_PAGE} lists every diffusers model ToMe merges in (and why not, for the others), and shows how to "
+        "declare a family of your own in about 15 lines (register_family, or apply_tome(model, family=...))."
+    )
+
+
 def family_of(model: Any) -> Family:
-    """The `Family` of `model`; a `ValueError` that says why where there is none: the reason ToMe refuses its class
-    (`REFUSED`), or that no family is declared for it, and where to read more (docs/families.md)."""
+    """The `Family` of `model`; a `ValueError` that says why where there is none (`why_no_family`)."""
     family = find_family(model) if isinstance(model, torch.nn.Module) else None
     if family is None:
-        name = type(model).__name__
-        for refused, why in REFUSED.items():
-            if isinstance(model, refused):
-                raise ValueError(f"{why} ({FAMILIES_PAGE} lists every diffusers model ToMe merges in, and why not.)")
-        raise ValueError(
-            f"Expected a model of a declared family, but got {name}, for which none is declared. {FAMILIES_PAGE} "
-            "lists every diffusers model ToMe merges in (and why not, for the others), and shows how to declare a "
-            "family of your own in about 15 lines (register_family, or apply_tome(model, family=...))."
-        )
+        raise ValueError(why_no_family(model))
     return family
