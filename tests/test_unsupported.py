@@ -1,8 +1,8 @@
 """`set_attn_processor(ToMeProcessor(...))` on models of no supported family: ToMe says so once, the output is the
 model's own bit for bit, and `remove_tome` leaves a model that runs as it was built.
 
-Tiny random-weight models from configs (diffusers' own test sizes): the latent upscaler's K-UNet, Sana (linear
-attention), AuraFlow and Kandinsky 2.2's UNet (added-K/V attention).
+Tiny random-weight models from configs (diffusers' own test sizes): the latent upscaler's K-UNet and Kandinsky 2.2's
+UNet (added-K/V attention); Sana's transformer, whose attention modules its class builds with processors of its own.
 """
 
 from __future__ import annotations
