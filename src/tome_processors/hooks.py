@@ -37,7 +37,7 @@ from ._similarity import is_compiling
 from .arguments import argument
 from .calls import module_calls
 from .config import ToMeConfig
-from .context import SLOT_ATTR, AttentionSlot, BlockState, ForwardStates, HostSchedule, ModelState
+from .context import SLOT_ATTR, AttentionSlot, BlockSlot, BlockState, ForwardStates, HostSchedule, ModelState
 from .families import (
     BlockSite,
     Family,
@@ -440,20 +440,19 @@ class _ModelPreHook:
 
 
 class _BlockHook:
-    """A hook of one block: it finds the block's state of the thread it runs in (`ForwardStates`)."""
+    """A hook of one block: it finds the block's state of the thread it runs in (`BlockSlot`)."""
 
-    def __init__(self, states: ForwardStates, index: int) -> None:
-        self.states = states
-        self.index = index
+    def __init__(self, slot: BlockSlot) -> None:
+        self.slot = slot
 
     @property
     def block_state(self) -> BlockState:
-        return self.states.block(self.index)
+        return self.slot.state
 
 
 class _BlockPreHook(_BlockHook):
-    def __init__(self, states: ForwardStates, index: int, site: BlockSite | None) -> None:
-        super().__init__(states, index)
+    def __init__(self, slot: BlockSlot, site: BlockSite | None) -> None:
+        super().__init__(slot)
         self.site = site  # only where the block's input holds other tokens than the grid's
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -470,8 +469,8 @@ class _BlockPostHook(_BlockHook):
 class _FeedForwardPreHook(_BlockHook):
     """Merges the feed-forward's input with its block's merge (`merge_mlp`); the feed-forward is no attention module."""
 
-    def __init__(self, states: ForwardStates, index: int, config: ToMeConfig) -> None:
-        super().__init__(states, index)
+    def __init__(self, slot: BlockSlot, config: ToMeConfig) -> None:
+        super().__init__(slot)
         self.config = config
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -628,17 +627,16 @@ def _span_site(site: BlockSite) -> BlockSite | None:
 def _install_block(
     context: ModelHooks, site: BlockSite, index: int, config: ToMeConfig, names: dict | None = None
 ) -> None:
-    block, states = site.module, context.states
-    pre = _BlockPreHook(states, index, _span_site(site))
+    block, slot = site.module, context.states.slots[index]
+    pre = _BlockPreHook(slot, _span_site(site))
     context.handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-    post = _BlockPostHook(states, index)
+    post = _BlockPostHook(slot)
     context.handles.append(block.register_forward_hook(post, with_kwargs=True, always_call=True))
 
     for attention in site.attentions:
         built_with = attention.built_with or context.family.built_with or class_default_processor(attention.module)
-        slot = AttentionSlot(
-            states,
-            index,
+        attention_slot = AttentionSlot(
+            slot,
             attention.is_cross,
             attention.layout,
             built_with,
@@ -646,15 +644,15 @@ def _install_block(
             rotary_at=attention.rotary_at,
             name=(names or {}).get(attention.module, type(attention.module).__name__),
         )
-        setattr(attention.module, SLOT_ATTR, slot)
+        setattr(attention.module, SLOT_ATTR, attention_slot)
         context.slotted.append(attention.module)
 
     if config.merge_mlp and site.feed_forward is not None:
         ff = site.feed_forward
-        pre = _FeedForwardPreHook(states, index, config)
+        pre = _FeedForwardPreHook(slot, config)
         context.handles.append(ff.register_forward_pre_hook(pre, with_kwargs=True))
         context.handles.append(
-            ff.register_forward_hook(_FeedForwardPostHook(states, index), with_kwargs=True, always_call=True)
+            ff.register_forward_hook(_FeedForwardPostHook(slot), with_kwargs=True, always_call=True)
         )
 
 
