@@ -22,9 +22,10 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
 `ErnieImageTransformer2DModel`, the image models `HunyuanImageTransformer2DModel` and
 `HiDreamImageTransformer2DModel`, the video models `Kandinsky5Transformer3DModel` and
-`Kandinsky6Transformer3DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
+`Kandinsky6Transformer3DModel`, the linear-attention `SanaTransformer2DModel` and `SanaVideoTransformer3DModel`, and
+Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
 blocks). Some models are refused with the reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose
-attention is block-sparse). docs/families.md is the recipe for adding one.
+attention is block-sparse; Sana-WM and its refiner). docs/families.md is the recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -63,6 +64,8 @@ from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
 from .qwen_ernie import ErnieImageFamily, QwenImage21Family
 from .qwenimage import QwenImageFamily
+from .sana import REFUSED as _SANA_REFUSED
+from .sana import SanaFamily, SanaVideoFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
 from .wan import SkyReelsV2Family, WanFamily, WanVACEFamily
@@ -100,6 +103,8 @@ __all__ = [
     "Rotary",
     "SD3Family",
     "SVDFamily",
+    "SanaFamily",
+    "SanaVideoFamily",
     "SkyReelsV2Family",
     "Span",
     "REFUSED",
@@ -154,6 +159,8 @@ FAMILIES: dict[str, type[Family]] = {
         HiDreamImageFamily,
         Kandinsky5Family,
         Kandinsky6Family,
+        SanaFamily,
+        SanaVideoFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -188,6 +195,8 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "HiDreamImageTransformer2DModel",
         "Kandinsky5Transformer3DModel",
         "Kandinsky6Transformer3DModel",
+        "SanaTransformer2DModel",
+        "SanaVideoTransformer3DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )
@@ -195,7 +204,7 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
 
 #: Model classes ToMe refuses, each with why: `family_of` (and so `apply_tome`, `enable_tome`, `explain_tome`) raises
 #: that instead of naming the supported families. No family matches them.
-REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED}
+REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED, **_SANA_REFUSED}
 
 
 def find_family(model: torch.nn.Module) -> Family | None:
