@@ -115,7 +115,8 @@ def _dc_ae() -> AutoencoderDC:
         decoder_block_types=("ResBlock", "EfficientViTBlock"), encoder_block_out_channels=(8, 8),
         decoder_block_out_channels=(8, 8), encoder_qkv_multiscales=((), (5,)), decoder_qkv_multiscales=((), (5,)),
         encoder_layers_per_block=(1, 1), decoder_layers_per_block=(1, 1), downsample_block_type="conv",
-        upsample_block_type="interpolate", decoder_norm_types="rms_norm", decoder_act_fns="silu", scaling_factor=0.41407,
+        upsample_block_type="interpolate", decoder_norm_types="rms_norm", decoder_act_fns="silu",
+        scaling_factor=0.41407,
     ).eval()  # fmt: skip
 
 

@@ -38,10 +38,10 @@ class SanaFamily(Family):
     patch 1 in the released models: 1024 tokens at 1024 px).
 
     Each block's `attn1` is linear self-attention over the image tokens (`Layout.IMAGE`, built with
-    `SanaLinearAttnProcessor2_0`; no mask, no positions); `attn2` is cross-attention to the text (`SanaAttnProcessor2_0`;
-    its queries merge with `merge_crossattn`, its padding mask covers the text keys alone). The Mix-FFN is left whole
-    (module doc). K/V pooling (`mode="downsample_kv"`) passes the pooled tokens as the processor's
-    `encoder_hidden_states`, which it takes the keys and values from.
+    `SanaLinearAttnProcessor2_0`; no mask, no positions); `attn2` is cross-attention to the text
+    (`SanaAttnProcessor2_0`; its queries merge with `merge_crossattn`, its padding mask covers the text keys alone).
+    The Mix-FFN is left whole (module doc). K/V pooling (`mode="downsample_kv"`) passes the pooled tokens as the
+    processor's `encoder_hidden_states`, which it takes the keys and values from.
 
     The timestep: SanaPipeline passes the scheduler's 0..1000 (times `config.timestep_scale`, 1 in the released
     models); Sana-Sprint's pipelines pass TrigFlow's time mapped to 0..1 (`sin t / (sin t + cos t)`), and they alone

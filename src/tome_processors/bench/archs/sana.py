@@ -33,9 +33,10 @@ SANA_1600M = dict(
     norm_elementwise_affine=False,
     norm_eps=1e-6,
 )
-#: Sana-Video 2B at 480p (Efficient-Large-Model/SANA-Video_2B_480p): diffusers' scripts/convert_sana_video_to_diffusers.py
-#: at `--video_size 480`: 2240 wide (20 heads x 112 in both attentions), 20 blocks, Mix-FFN ratio 3, patch (1, 2, 2)
-#: over Wan 2.1's VAE (16 channels, 8x in space, 4x in time), RMS-normed queries and keys.
+#: Sana-Video 2B at 480p (Efficient-Large-Model/SANA-Video_2B_480p): diffusers'
+#: scripts/convert_sana_video_to_diffusers.py at `--video_size 480`: 2240 wide (20 heads x 112 in both
+#: attentions), 20 blocks, Mix-FFN ratio 3, patch (1, 2, 2) over Wan 2.1's VAE (16 channels, 8x in space, 4x in
+#: time), RMS-normed queries and keys.
 SANA_VIDEO_2B = dict(
     in_channels=16,
     out_channels=16,
