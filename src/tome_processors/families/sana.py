@@ -101,7 +101,7 @@ class SanaVideoFamily(SanaFamily):
     video = True
     needs_row_token = True
     merge_only = True
-    vae_scale_factor = 8  # Wan 2.1's VAE (the 480p and 720p releases)
+    vae_scale_factor = 8  # Wan 2.1's VAE (the 480p release; a pipeline's own factor wins)
     frames_per_latent = 4
     self_processor = SanaLinearAttnProcessor3_0
     cross_processor = SanaVideoAttnProcessor2_0
@@ -110,8 +110,15 @@ class SanaVideoFamily(SanaFamily):
     defaults = dict(WanFamily.defaults)
     presets = WanFamily.presets
 
+    #: Its pipelines pass the scheduler's 0..1000 and no guidance (Sana-Sprint's rescaling is not for it).
+    timestep = Family.timestep
+
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
-        return WanFamily.token_grid(self, model, args, kwargs)  # the 5-D latent over `patch_size`, as Wan's
+        x = argument(args, kwargs, self.input_position, self.input_name)
+        if not isinstance(x, torch.Tensor) or x.ndim != 5:
+            return None
+        p_t, p_h, p_w = model.config.patch_size
+        return int(x.shape[2]) // p_t, int(x.shape[3]) // p_h, int(x.shape[4]) // p_w
 
 
 #: The model classes of this module ToMe refuses, each with why (`families.family_of` raises it).
