@@ -62,7 +62,13 @@ class SanaFamily(Family):
     cross_processor: type = SanaAttnProcessor2_0
     self_layout = Layout.IMAGE
     # Borrowed from PixArtFamily (`_DIT_PRESETS`: a cross-attention DiT of the same shape, called alike); not
-    # measured on this model. Whether merging pays at all here: pays.py's `linear` group (docs/options.md).
+    # measured for quality on this model. Merging the linear self-attention alone can save at most its share of a
+    # block's work (its four projections: about 28% at 1024 px, so at most 1.13x / 1.16x / 1.25x at ratio 0.4 / 0.5 /
+    # 0.7); measured on this 2-core CPU, one block at Sana 1.6B's width, 1024 px (1024 tokens), batch 2
+    # (`tome-processors bench --arch sana --layers 1 --resolution 1024 --rounds 5 --presets balanced fast --ratios
+    # 0.5`, twice, load average 2-5 and 6-7): balanced 1.05x / 1.08x, fast 1.27x / 1.23x, ratio 0.5 1.22x / 1.17x
+    # (medians). It pays, so the presets merge where pays.py's rule says (here: on the CPU from 1e8 work per block;
+    # on a GPU nothing at 1024 px, below its 9e10).
     defaults: dict[str, Any] = {"ratio": 0.4}
     presets = _DIT_PRESETS
 
@@ -106,7 +112,10 @@ class SanaVideoFamily(SanaFamily):
     self_processor = SanaLinearAttnProcessor3_0
     cross_processor = SanaVideoAttnProcessor2_0
     self_layout = Layout.ROTARY
-    # Borrowed from WanFamily (video, 3-D rotary self-attention and text cross-attention); not measured on this model.
+    # Borrowed from WanFamily (video, 3-D rotary self-attention and text cross-attention); not measured for quality on
+    # this model. Speed on this CPU, one block at Sana-Video 2B's width, 480 x 832 px, 5 frames (2 x 30 x 52 tokens),
+    # batch 2 (`bench --arch sana_video --layers 1 --resolution 480 --width 832 --frames 5 --rounds 3 --presets
+    # balanced fast --ratios 0.5`, load average 6.5): balanced 1.32x, fast 1.24x, ratio 0.5 1.32x (medians).
     defaults = dict(WanFamily.defaults)
     presets = WanFamily.presets
 
