@@ -1,8 +1,8 @@
 """`set_attn_processor(ToMeProcessor(...))` on models of no supported family: ToMe says so once, the output is the
 model's own bit for bit, and `remove_tome` leaves a model that runs as it was built.
 
-Tiny random-weight models from configs (diffusers' own test sizes): the latent upscaler's K-UNet and Kandinsky 2.2's
-UNet (added-K/V attention); Sana's transformer, whose attention modules its class builds with processors of its own.
+Tiny random-weight models from configs (diffusers' own test sizes): the latent upscaler's K-UNet, Sana's ControlNet
+(Sana's blocks, linear attention, processors of its own) and Kandinsky 2.2's UNet (added-K/V attention).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from diffusers import (
-    SanaTransformer2DModel,
+    SanaControlNetModel,
     UNet2DConditionModel,
 )
 
@@ -60,9 +60,12 @@ def latent_upscaler_unet() -> tuple[torch.nn.Module, dict]:
     return model, inputs
 
 
-def sana() -> tuple[torch.nn.Module, dict]:
+def sana_controlnet() -> tuple[torch.nn.Module, dict]:
+    """Sana's ControlNet: Sana's blocks (linear self-attention) in a model of its own class (Sana's family is
+    `SanaTransformer2DModel`'s). Its input and output projections are built zeroed: drawn here, so its blocks reach the
+    output."""
     torch.manual_seed(0)
-    model = SanaTransformer2DModel(
+    model = SanaControlNetModel(
         in_channels=4,
         out_channels=4,
         num_attention_heads=2,
@@ -74,8 +77,14 @@ def sana() -> tuple[torch.nn.Module, dict]:
         caption_channels=8,
         sample_size=8,
     ).eval()
+    with torch.no_grad():
+        for parameter in (*model.input_block.parameters(), *model.controlnet_blocks.parameters()):
+            parameter.normal_(0.0, 0.1)
     return model, dict(
-        hidden_states=_noise(1, 4, 8, 8), encoder_hidden_states=_noise(1, 5, 8, seed=1), timestep=torch.tensor([500])
+        hidden_states=_noise(1, 4, 8, 8),
+        encoder_hidden_states=_noise(1, 5, 8, seed=1),
+        timestep=torch.tensor([500]),
+        controlnet_cond=_noise(1, 4, 8, 8, seed=2),
     )
 
 
@@ -109,13 +118,15 @@ def kandinsky22_unet() -> tuple[torch.nn.Module, dict]:
 
 MODELS: dict[str, Callable[[], tuple[torch.nn.Module, dict]]] = {
     "latent-upscaler": latent_upscaler_unet,
+    "sana-controlnet": sana_controlnet,
     "kandinsky22": kandinsky22_unet,
 }
 
 
 def run(model: torch.nn.Module, inputs: dict) -> torch.Tensor:
     with torch.no_grad():
-        return model(**inputs)[0]
+        out = model(**inputs)[0]
+    return torch.stack(out) if isinstance(out, (list, tuple)) else out  # a ControlNet: one sample per block
 
 
 @pytest.mark.parametrize("inner", [False, True], ids=["without-inner", "with-inner"])
@@ -147,7 +158,7 @@ def test_tome_on_an_unsupported_model_says_so_once_and_changes_nothing(name, inn
 
 
 def test_remove_tome_before_any_call_puts_the_built_processors_back():
-    model, inputs = sana()
+    model, inputs = sana_controlnet()
     built = {key: type(processor) for key, processor in model.attn_processors.items()}
     plain = run(model, inputs)
     model.set_attn_processor(ToMeProcessor(ratio=0.5))

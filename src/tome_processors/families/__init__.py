@@ -11,22 +11,10 @@ the processor stay generic. A family answers four questions about a model:
 4. The default `ToMeConfig` fields and the presets (`"exact"`, `"balanced"`, `"fast"`), chosen per family
    from measured speed and quality (docs/options.md); `ToMeConfig.for_model` builds configs from them.
 
-Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
-`PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel`, `Flux2Transformer2DModel`,
-`ChromaTransformer2DModel`, `QwenImageTransformer2DModel`, `ZImageTransformer2DModel`, and the video models
-`WanTransformer3DModel` (and its derivatives `SkyReelsV2Transformer3DModel`, `WanVACETransformer3DModel`,
-`WanAnimateTransformer3DModel`, `ChronoEditTransformer3DModel`, `HeliosTransformer3DModel`),
-`LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
-`HunyuanVideoTransformer3DModel`,
-`HunyuanVideo15Transformer3DModel`, the FLUX-like `Krea2Transformer2DModel`, `Flux3Transformer2DModel` and
-`LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
-`ErnieImageTransformer2DModel`, the image models `HunyuanImageTransformer2DModel` and
-`HiDreamImageTransformer2DModel`, the video models `Kandinsky5Transformer3DModel` and
-`Kandinsky6Transformer3DModel`, the CogVideoX lineage (`CogVideoXTransformer3DModel`, `ConsisIDTransformer3DModel`,
-`CogView3PlusTransformer2DModel`, `CogView4Transformer2DModel`),
-and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks).
-Some models are refused with the reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose
-attention is block-sparse). docs/families.md is the recipe for adding one.
+The families: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s), Stable Video
+Diffusion's spatial blocks, and the image and video transformers of `FAMILIES`; the classes ToMe refuses, each with
+why, in `REFUSED`. `coverage.coverage()` lists every image and video transformer diffusers ships with its family or
+reason (docs/families.md carries the table), and `register_family` adds a family of your own.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -67,6 +55,8 @@ from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
 from .qwen_ernie import ErnieImageFamily, QwenImage21Family
 from .qwenimage import QwenImageFamily
+from .sana import REFUSED as _SANA_REFUSED
+from .sana import SanaFamily, SanaVideoFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
 from .wan import SkyReelsV2Family, WanFamily, WanVACEFamily
@@ -133,6 +123,8 @@ __all__ = [
     "max_downsample_for_levels",
     "spatial_transformer_blocks",
     "spatio_temporal_blocks",
+    "SanaFamily",
+    "SanaVideoFamily",
 ]
 
 
@@ -171,6 +163,8 @@ _OWN: dict[str, type[Family]] = {
         ConsisIDFamily,
         CogView3PlusFamily,
         CogView4Family,
+        SanaFamily,
+        SanaVideoFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -182,7 +176,7 @@ FAMILIES: dict[str, type[Family]] = dict(_OWN)
 
 #: Model classes ToMe refuses, each with why: `family_of` (and so `apply_tome`, `enable_tome`, `explain_tome`) raises
 #: that instead of naming the supported families. No family matches them.
-REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED, **_WAN_DERIVED_REFUSED}
+REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED, **_WAN_DERIVED_REFUSED, **_SANA_REFUSED}
 
 
 #: Families declared with `register_family`, by name: `find_family` tries them before the library's own.
