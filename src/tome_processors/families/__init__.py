@@ -22,9 +22,11 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
 `ErnieImageTransformer2DModel`, the image models `HunyuanImageTransformer2DModel` and
 `HiDreamImageTransformer2DModel`, the video models `Kandinsky5Transformer3DModel` and
-`Kandinsky6Transformer3DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
-blocks). Some models are refused with the reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose
-attention is block-sparse). docs/families.md is the recipe for adding one.
+`Kandinsky6Transformer3DModel`, the edit models `JoyImageEditTransformer3DModel`,
+`JoyImageEditPlusTransformer3DModel` and `OmniGenTransformer2DModel`, the video models `MotifVideoTransformer3DModel`
+and `AnyFlowTransformer3DModel`, DreamLite's `DreamLiteTransformer2DModel`, and Stable Video Diffusion's
+`UNetSpatioTemporalConditionModel` (its spatial blocks). Some models are refused with the reason (`REFUSED`: Kandinsky
+6's super-resolution transformer, whose attention is block-sparse; AnyFlow's FAR transformer). docs/families.md is the recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -53,6 +55,15 @@ from .base import (
 )
 from .chroma import ChromaFamily, Flux2Family
 from .dit import PixArtFamily, SD3Family
+from .edit_more import REFUSED as _EDIT_MORE_REFUSED
+from .edit_more import (
+    AnyFlowFamily,
+    DreamLiteFamily,
+    JoyImageEditFamily,
+    JoyImageEditPlusFamily,
+    MotifVideoFamily,
+    OmniGenFamily,
+)
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .fluxlike import Flux3Family, Krea2Family, LongCatImageFamily
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
@@ -71,10 +82,12 @@ from .zimage import ZImageFamily
 
 __all__ = [
     "FAMILIES",
+    "AnyFlowFamily",
     "AttentionSite",
     "BlockSite",
     "ChromaFamily",
     "ChronoEditFamily",
+    "DreamLiteFamily",
     "ErnieImageFamily",
     "Family",
     "Flux2Family",
@@ -86,6 +99,8 @@ __all__ = [
     "HunyuanImageFamily",
     "HunyuanVideoFamily",
     "IdsGridFamily",
+    "JoyImageEditFamily",
+    "JoyImageEditPlusFamily",
     "Kandinsky5Family",
     "Kandinsky6Family",
     "KandinskyFamily",
@@ -94,6 +109,8 @@ __all__ = [
     "LTXVideoFamily",
     "Layout",
     "LongCatImageFamily",
+    "MotifVideoFamily",
+    "OmniGenFamily",
     "PixArtFamily",
     "QwenImage21Family",
     "QwenImageFamily",
@@ -154,6 +171,12 @@ FAMILIES: dict[str, type[Family]] = {
         HiDreamImageFamily,
         Kandinsky5Family,
         Kandinsky6Family,
+        JoyImageEditFamily,
+        JoyImageEditPlusFamily,
+        OmniGenFamily,
+        MotifVideoFamily,
+        AnyFlowFamily,
+        DreamLiteFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -188,6 +211,12 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "HiDreamImageTransformer2DModel",
         "Kandinsky5Transformer3DModel",
         "Kandinsky6Transformer3DModel",
+        "JoyImageEditTransformer3DModel",
+        "JoyImageEditPlusTransformer3DModel",
+        "OmniGenTransformer2DModel",
+        "MotifVideoTransformer3DModel",
+        "AnyFlowTransformer3DModel",
+        "DreamLiteTransformer2DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )
@@ -195,7 +224,7 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
 
 #: Model classes ToMe refuses, each with why: `family_of` (and so `apply_tome`, `enable_tome`, `explain_tome`) raises
 #: that instead of naming the supported families. No family matches them.
-REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED}
+REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED, **_EDIT_MORE_REFUSED}
 
 
 def find_family(model: torch.nn.Module) -> Family | None:
