@@ -70,8 +70,7 @@ class JoyImageEditFamily(Family):
     timestep_position = 1
     merge_only = True  # joint attention computes its keys and values inside the processor
     guidance_in_batch = False  # called once per guidance branch
-    vae_scale_factor = 8  # Wan 2.1's VAE
-    pipeline_patch = 2  # `config.patch_size` is `[1, 2, 2]`: 2 x 2 latent pixels a token
+    vae_scale_factor = 8  # Wan 2.1's VAE; `config.patch_size` `[1, 2, 2]` makes a token of 2 x 2 latent pixels
     # Borrowed from FLUX.1 (joint text-image attention with rotary positions); not measured on this model.
     defaults: dict[str, Any] = dict(FluxFamily.defaults)
     presets: dict[str, dict[str, Any]] = FluxFamily.presets
