@@ -32,9 +32,10 @@ from PIL import Image
 from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration, T5Gemma2Encoder
 from transformers.models.t5gemma2.configuration_t5gemma2 import T5Gemma2EncoderConfig
 
+from tome_processors.bench.pipelines import write_t5_tokenizer
+
 from family_cases import FamilyCase, PipelineCase
 from test_new_families import ImageOnlyQwen2VLProcessor, write_qwen_tokenizer
-from tome_processors.bench.pipelines import write_t5_tokenizer
 
 TEXT, H, W = 7, 6, 8
 #: A 4 x 4 reference image (JoyImage-Edit Plus's second sample: 2 x 4, padded to the first's).
@@ -325,8 +326,10 @@ def tiny_motif_video_pipeline(folder: Path) -> MotifVideoPipeline:
                 num_key_value_heads=1, head_dim=8, dropout_rate=0.0)  # fmt: skip
     vision = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=8,
                   patch_size=4)  # fmt: skip
-    config = T5Gemma2EncoderConfig(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-                                   boi_token_index=vocab, eoi_token_index=vocab + 1, image_token_index=vocab + 2)  # fmt: skip
+    config = T5Gemma2EncoderConfig(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, boi_token_index=vocab, eoi_token_index=vocab + 1,
+        image_token_index=vocab + 2,
+    )  # fmt: skip
     torch.manual_seed(0)
     text_encoder = T5Gemma2Encoder(config, eoi_token_index=vocab + 1).eval()
     pipe = MotifVideoPipeline(

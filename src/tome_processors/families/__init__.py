@@ -26,7 +26,8 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `JoyImageEditPlusTransformer3DModel` and `OmniGenTransformer2DModel`, the video models `MotifVideoTransformer3DModel`
 and `AnyFlowTransformer3DModel`, DreamLite's `DreamLiteTransformer2DModel`, and Stable Video Diffusion's
 `UNetSpatioTemporalConditionModel` (its spatial blocks). Some models are refused with the reason (`REFUSED`: Kandinsky
-6's super-resolution transformer, whose attention is block-sparse; AnyFlow's FAR transformer). docs/families.md is the recipe for adding one.
+6's super-resolution transformer, whose attention is block-sparse; AnyFlow's FAR transformer, whose causal attention
+runs on a block mask and a KV cache). docs/families.md is the recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of

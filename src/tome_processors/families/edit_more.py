@@ -62,9 +62,7 @@ class JoyImageEditFamily(Family):
     name = "joyimage_edit"
     model_class = JoyImageEditTransformer3DModel
     # The module passes (encoder_hidden_states, image_rotary_emb) by position: no mask at position 2.
-    stacks = (
-        Stack("double_blocks", Layout.JOINT_IMAGE_FIRST, feed_forward="img_mlp", span=Span.LEADING, mask_at=2),
-    )
+    stacks = (Stack("double_blocks", Layout.JOINT_IMAGE_FIRST, feed_forward="img_mlp", span=Span.LEADING, mask_at=2),)
     needs_row_token = True
     rotary = Rotary(position=1, covers_text=False, nested=True)
     timestep_position = 1
@@ -135,7 +133,9 @@ class OmniGenFamily(Family):
     name = "omnigen"
     model_class = OmniGenTransformer2DModel
     stacks = (
-        Stack("layers", Layout.TEXT_FIRST, attention="self_attn", span=Span.TRAILING, built_with=OmniGenAttnProcessor2_0),
+        Stack(
+            "layers", Layout.TEXT_FIRST, attention="self_attn", span=Span.TRAILING, built_with=OmniGenAttnProcessor2_0
+        ),
     )
     needs_row_token = True
     rotary = Rotary()  # `image_rotary_emb`, `(cos, sin)` over the whole sequence
