@@ -273,3 +273,21 @@ def test_sample_tables_refuse_other_views():
     assert tables.view(1, 5, 1, 4).shape == (2, 5, 1, 4)
     with pytest.raises(TypeError, match=r"Expected the view \(1, S, 1, D\) .* but got view\(1, 1, 5, 4\)"):
         tables.view(1, 1, 5, 4)
+
+
+@pytest.mark.parametrize(
+    "arch", ["joyimage_edit", "joyimage_edit_plus", "omnigen", "motif_video", "anyflow", "dreamlite"]
+)
+def test_bench_builds_each_architecture_with_fewer_layers(arch, one_thread):
+    from tome_processors.bench.dit import build_transformer, make_transformer_inputs
+
+    model = build_transformer(arch, quick=True, layers=1)
+    depth = [getattr(model.config, name) for name in ("num_layers", "num_single_layers") if name in model.config]
+    assert depth and all(d == 1 for d in depth)
+    assert family_of(model).name == arch
+    size = 128 if arch == "dreamlite" else 64  # DreamLite's level: 32 px a token
+    inputs = make_transformer_inputs(model, arch, batch=2, resolution=size, text_tokens=5, frames=5, width=size)
+    plain = inputs.run(model)
+    tp.apply_tome(model, ratio=0.5)
+    merged = inputs.run(model)
+    assert merged.shape == plain.shape and torch.isfinite(merged).all() and not torch.equal(merged, plain)
