@@ -8,7 +8,8 @@ would not broadcast. `SampleTables` holds `(B, S, D)` and answers those two view
 `(B, 1, S, D)`: the rotation multiplies each sample's queries and keys by its own rows, element by element
 the same products as a call per sample, in one call for the batch. Qwen-Image's `apply_rotary_emb_qwen` takes
 its complex `(S, D)` image table (Qwen-Image 2.1's: the whole sequence's) as `table.unsqueeze(1)`, `(S, 1, D)`
-against queries `(B, S, H, D)`; `SampleTables` answers that with `(B, S, 1, D)`.
+against queries `(B, S, H, D)`; `SampleTables` answers that with `(B, S, 1, D)`. JoyImage-Edit's processor views its
+`(S, D)` tables as `table.view(1, S, 1, D)` against queries `(B, S, H, D)`; `SampleTables` answers with `(B, S, 1, D)`.
 
 Only processors whose code is known to use the table through those views get one (`takes_sample_tables`);
 any other processor is run one sample at a time with a plain table (`joint_attention`), so a processor
@@ -28,19 +29,22 @@ from diffusers.models.transformers.transformer_flux3 import Flux3AttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageAttnProcessor
+from diffusers.models.transformers.transformer_joyimage import JoyImageAttnProcessor
 from diffusers.models.transformers.transformer_krea2 import Krea2AttnProcessor
 from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttnProcessor
+from diffusers.models.transformers.transformer_motif_video import MotifVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_omnigen import OmniGenAttnProcessor2_0
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21AttnProcessor, QwenImage21FlexAttnProcessor
 
 __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
-#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1) or its default
-#: `sequence_dim=2` (CogVideoX, ConsisID and CogView 3 Plus, fused or not; CogView 4, `use_real_unbind_dim=-2`) or
-#: `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole
-#: batch at once: the first step's call stores the batch's keys and values in its cache). Exact types: a subclass may
-#: read the table some other way.
+#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1, Motif-Video) or
+#: its default `sequence_dim=2` (CogVideoX, ConsisID and CogView 3 Plus, fused or not; CogView 4,
+#: `use_real_unbind_dim=-2`; OmniGen), `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image, Qwen-Image 2.1,
+#: whose processors must see the whole batch at once: the first step's call stores the batch's keys and values in its
+#: cache), or `table.view(1, S, 1, D)` (JoyImage-Edit). Exact types: a subclass may read the table some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
         CogVideoXAttnProcessor2_0,
@@ -56,6 +60,9 @@ SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
         Krea2AttnProcessor,
         LongCatImageAttnProcessor,
         HunyuanImageAttnProcessor,
+        JoyImageAttnProcessor,
+        MotifVideoAttnProcessor2_0,
+        OmniGenAttnProcessor2_0,
         QwenDoubleStreamAttnProcessor2_0,
         QwenImage21AttnProcessor,
         QwenImage21FlexAttnProcessor,
@@ -94,6 +101,20 @@ class SampleTables:
             f"Expected the view [None, :, None, :] or [None, None, :, :] that diffusers' apply_rotary_emb takes of a "
             f"rotary table, but got [{key}]."
         )
+
+    def view(self, *shape: int) -> torch.Tensor:
+        """JoyImage-Edit's view, `(S, D) -> (1, S, 1, D)`: `(B, S, 1, D)`, each sample's rows against its queries.
+
+        Example:
+            >>> tuple(SampleTables(torch.zeros(2, 5, 4)).view(1, 5, 1, 4).shape)
+            (2, 5, 1, 4)
+        """
+        if shape != (1, self.table.shape[1], 1, self.table.shape[2]):
+            raise TypeError(
+                f"Expected the view (1, S, 1, D) that JoyImage-Edit's processor takes of a rotary table of S = "
+                f"{self.table.shape[1]} rows of D = {self.table.shape[2]}, but got view{shape}."
+            )
+        return self.table.unsqueeze(2)
 
     def unsqueeze(self, dim: int) -> torch.Tensor:
         """Qwen-Image's view, `(S, D) -> (S, 1, D)`: `(B, S, 1, D)`, each sample's rows against its queries."""

@@ -651,9 +651,7 @@ def _install_block(
         ff = site.feed_forward
         pre = _FeedForwardPreHook(slot, config)
         context.handles.append(ff.register_forward_pre_hook(pre, with_kwargs=True))
-        context.handles.append(
-            ff.register_forward_hook(_FeedForwardPostHook(slot), with_kwargs=True, always_call=True)
-        )
+        context.handles.append(ff.register_forward_hook(_FeedForwardPostHook(slot), with_kwargs=True, always_call=True))
 
 
 def set_timestep_schedule(model: torch.nn.Module, timesteps: torch.Tensor | None) -> None:

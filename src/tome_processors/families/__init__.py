@@ -45,6 +45,15 @@ from .base import (
 from .chroma import ChromaFamily, Flux2Family
 from .cog import CogVideoXFamily, CogView3PlusFamily, CogView4Family, ConsisIDFamily
 from .dit import PixArtFamily, SD3Family
+from .edit_more import REFUSED as _EDIT_MORE_REFUSED
+from .edit_more import (
+    AnyFlowFamily,
+    DreamLiteFamily,
+    JoyImageEditFamily,
+    JoyImageEditPlusFamily,
+    MotifVideoFamily,
+    OmniGenFamily,
+)
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .fluxlike import Flux3Family, Krea2Family, LongCatImageFamily
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
@@ -125,6 +134,12 @@ __all__ = [
     "spatio_temporal_blocks",
     "SanaFamily",
     "SanaVideoFamily",
+    "AnyFlowFamily",
+    "DreamLiteFamily",
+    "JoyImageEditFamily",
+    "JoyImageEditPlusFamily",
+    "MotifVideoFamily",
+    "OmniGenFamily",
 ]
 
 
@@ -165,6 +180,12 @@ _OWN: dict[str, type[Family]] = {
         CogView4Family,
         SanaFamily,
         SanaVideoFamily,
+        JoyImageEditFamily,
+        JoyImageEditPlusFamily,
+        OmniGenFamily,
+        MotifVideoFamily,
+        AnyFlowFamily,
+        DreamLiteFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -176,7 +197,7 @@ FAMILIES: dict[str, type[Family]] = dict(_OWN)
 
 #: Model classes ToMe refuses, each with why: `family_of` (and so `apply_tome`, `enable_tome`, `explain_tome`) raises
 #: that instead of naming the supported families. No family matches them.
-REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED, **_WAN_DERIVED_REFUSED, **_SANA_REFUSED}
+REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED, **_WAN_DERIVED_REFUSED, **_SANA_REFUSED, **_EDIT_MORE_REFUSED}
 
 
 #: Families declared with `register_family`, by name: `find_family` tries them before the library's own.

@@ -74,6 +74,15 @@ class Rotary:
         key_name / key_position: where the processor takes the keys' rotation as an argument of its own
             (Kandinsky 6's `rotary_emb_kv`), or None. In a merged self-attention the keys are the merged rows
             too, so that table follows them as the queries' does. `Layout.ROTARY` with `pair=False` only.
+        nested: True where the processor gets `(image, text)`, each a `(cos, sin)` pair (the text's may be None),
+            the image's over the image tokens alone (JoyImage-Edit's `(vis_freqs, txt_freqs)`): the image's pair
+            follows the merged rows, the text's is left as it is. Joint layouts only.
+        entries: where the processor gets its tables as a dict, the keys of those that follow the merged rows, each
+            gathered alike (AnyFlow's `{"query": ..., "key": ...}`, one tensor twice: gathered once); empty where it
+            gets tensors. `Layout.ROTARY` with `pair=False` only.
+        heads_axis: True where each table is `(1, 1, N, ...)`, a batch and a heads axis ahead of the tokens', for
+            the whole batch (AnyFlow's complex `(1, 1, N, D/2)`): gathered, `(B, 1, M, ...)`. `Layout.ROTARY` with
+            `pair=False` only.
     """
 
     name: str = "image_rotary_emb"
@@ -84,6 +93,9 @@ class Rotary:
     pair: bool = True
     key_name: str | None = None
     key_position: int = 3
+    nested: bool = False
+    entries: tuple[str, ...] = ()
+    heads_axis: bool = False
 
 
 @dataclass(frozen=True)
