@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from diffusers.models.attention_processor import HunyuanAttnProcessor2_0
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
 from diffusers.models.transformers.transformer_flux3 import Flux3AttnProcessor
@@ -34,7 +35,8 @@ from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21Att
 __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
-#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1) or
+#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1), with
+#: `sequence_dim=2` (Hunyuan-DiT's `HunyuanAttnProcessor2_0`), or
 #: `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole
 #: batch at once: the first step's call stores the batch's keys and values in its cache). Exact types: a subclass may
 #: read the table some other way.
@@ -50,6 +52,7 @@ SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
         Krea2AttnProcessor,
         LongCatImageAttnProcessor,
         HunyuanImageAttnProcessor,
+        HunyuanAttnProcessor2_0,
         QwenDoubleStreamAttnProcessor2_0,
         QwenImage21AttnProcessor,
         QwenImage21FlexAttnProcessor,

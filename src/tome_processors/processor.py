@@ -441,8 +441,10 @@ class ToMeProcessor:
             slot.skip(Skip.FLAG_OFF)
             return None
         mask = argument(args, kwargs, *mask_where(slot.mask_at))
-        if slot.is_cross and isinstance(mask, torch.Tensor) and mask.shape[-2] == 1:
-            mask = None  # a cross-attention's mask over its keys (the text): merged queries leave it in line
+        if slot.is_cross and isinstance(mask, torch.Tensor) and (mask.ndim == 2 or mask.shape[-2] == 1):
+            # A cross-attention's mask over its keys (the text), `(B, 1, L)` or `(B, L)` (Lumina-Next's): merged
+            # queries leave it in line.
+            mask = None
         masks = [m for m in (mask, *(kwargs.get(name) for name in KEY_MASKS)) if m is not None]
         # A mask over the merged tokens would no longer line up, unless the caller cuts it (tensors only: Qwen-Image
         # 2.1's flex `BlockMask` cannot be cut).

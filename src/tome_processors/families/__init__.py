@@ -22,8 +22,10 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
 `ErnieImageTransformer2DModel`, the image models `HunyuanImageTransformer2DModel` and
 `HiDreamImageTransformer2DModel`, the video models `Kandinsky5Transformer3DModel` and
-`Kandinsky6Transformer3DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
-blocks). Some models are refused with the reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose
+`Kandinsky6Transformer3DModel`, the image models `Lumina2Transformer2DModel`, `LuminaNextDiT2DModel`,
+`AuraFlowTransformer2DModel`, `DiTTransformer2DModel` and `HunyuanDiT2DModel`, the video model
+`HunyuanVideoFramepackTransformer3DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its
+spatial blocks). Some models are refused with the reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose
 attention is block-sparse). docs/families.md is the recipe for adding one.
 
 Example:
@@ -61,6 +63,14 @@ from .kandinsky import REFUSED as _KANDINSKY_REFUSED
 from .kandinsky import Kandinsky5Family, Kandinsky6Family, KandinskyFamily
 from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
+from .lumina_dit import (
+    AuraFlowFamily,
+    DiTFamily,
+    HunyuanDiTFamily,
+    HunyuanVideoFramepackFamily,
+    Lumina2Family,
+    LuminaNextFamily,
+)
 from .qwen_ernie import ErnieImageFamily, QwenImage21Family
 from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
@@ -72,9 +82,11 @@ from .zimage import ZImageFamily
 __all__ = [
     "FAMILIES",
     "AttentionSite",
+    "AuraFlowFamily",
     "BlockSite",
     "ChromaFamily",
     "ChronoEditFamily",
+    "DiTFamily",
     "ErnieImageFamily",
     "Family",
     "Flux2Family",
@@ -82,9 +94,11 @@ __all__ = [
     "FluxFamily",
     "HeliosFamily",
     "HiDreamImageFamily",
+    "HunyuanDiTFamily",
     "HunyuanVideo15Family",
     "HunyuanImageFamily",
     "HunyuanVideoFamily",
+    "HunyuanVideoFramepackFamily",
     "IdsGridFamily",
     "Kandinsky5Family",
     "Kandinsky6Family",
@@ -94,6 +108,8 @@ __all__ = [
     "LTXVideoFamily",
     "Layout",
     "LongCatImageFamily",
+    "Lumina2Family",
+    "LuminaNextFamily",
     "PixArtFamily",
     "QwenImage21Family",
     "QwenImageFamily",
@@ -154,6 +170,12 @@ FAMILIES: dict[str, type[Family]] = {
         HiDreamImageFamily,
         Kandinsky5Family,
         Kandinsky6Family,
+        Lumina2Family,
+        LuminaNextFamily,
+        AuraFlowFamily,
+        DiTFamily,
+        HunyuanDiTFamily,
+        HunyuanVideoFramepackFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -188,6 +210,12 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "HiDreamImageTransformer2DModel",
         "Kandinsky5Transformer3DModel",
         "Kandinsky6Transformer3DModel",
+        "Lumina2Transformer2DModel",
+        "LuminaNextDiT2DModel",
+        "AuraFlowTransformer2DModel",
+        "DiTTransformer2DModel",
+        "HunyuanDiT2DModel",
+        "HunyuanVideoFramepackTransformer3DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )
