@@ -541,7 +541,7 @@ CASES = (
     ),
     FamilyCase(
         name="dit",
-        family="dit",
+        family="dit_imagenet",
         build=tiny_dit,
         inputs=dit_inputs,
         merged_calls=2,  # each block's self-attention

@@ -168,7 +168,7 @@ class DiTFamily(PixArtFamily):
     latents only. The pipeline passes the scheduler's timestep (0..1000) and both guidance halves in one batch.
     """
 
-    name = "dit"
+    name = "dit_imagenet"
     model_class = DiTTransformer2DModel
     timestep_position = 1
 
