@@ -186,7 +186,8 @@ def _gathered(spec: Rotary, tables: list[torch.Tensor]) -> list[torch.Tensor]:
 def _rotary_fits(spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, num_positions: int, batch: int) -> bool:
     """No rotary embeddings, or tables with one row per position the merge counts (else: do not merge)."""
     rotary = argument(args, kwargs, *at)
-    if spec.key_name is not None and argument(args, kwargs, spec.key_position, spec.key_name) not in (None, rotary):
+    keys = argument(args, kwargs, spec.key_position, spec.key_name) if spec.key_name is not None else None
+    if keys is not None and keys is not rotary:
         return False  # a keys' table of its own: only the very queries' table follows the merged keys (`_call`)
     if rotary is None:
         return True

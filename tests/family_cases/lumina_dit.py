@@ -122,8 +122,9 @@ def tiny_auraflow() -> AuraFlowTransformer2DModel:
     """diffusers' model-test config: 4 heads of 8, a joint and a single-stream block, positions for 16 x 16 tokens."""
     torch.manual_seed(0)
     return AuraFlowTransformer2DModel(
-        sample_size=32, patch_size=2, in_channels=4, num_mmdit_layers=1, num_single_dit_layers=1, attention_head_dim=8,
-        num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32, out_channels=4, pos_embed_max_size=256,
+        sample_size=32, patch_size=2, in_channels=4, num_mmdit_layers=1, num_single_dit_layers=1,
+        attention_head_dim=8, num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32, out_channels=4,
+        pos_embed_max_size=256,
     ).eval()  # fmt: skip
 
 

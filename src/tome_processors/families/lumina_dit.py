@@ -66,7 +66,8 @@ class Lumina2Family(_RisingTime):
     to the longest and passes a mask over them: the grid's tokens then sit at another offset in each sample, so the
     main layers' attention runs unmerged there (the mask is not cut; the noise refiner still merges). The pipeline
     calls the model once per guidance branch, so a batch of one prompt's images never has such a mask. The pipeline
-    passes `t = 1 - timestep / 1000`. `merge_mlp` merges both lists' feed-forward (the caption as rows of their own).
+    passes `t = 1 - timestep / 1000`. `merge_mlp` merges the noise refiner's feed-forward; the main layers' runs on the
+    caption and the image together, which the feed-forward's merge (the image tokens' alone) does not cover.
     """
 
     guidance_in_batch = False  # its pipeline calls the model once per guidance branch
@@ -76,7 +77,7 @@ class Lumina2Family(_RisingTime):
     built_with = Lumina2AttnProcessor2_0
     stacks = (
         Stack("noise_refiner", Layout.IMAGE_FIRST, feed_forward="feed_forward"),
-        Stack("layers", Layout.TEXT_FIRST, feed_forward="feed_forward", span=Span.TRAILING),
+        Stack("layers", Layout.TEXT_FIRST, span=Span.TRAILING),
     )
     needs_row_token = True
     rotary = Rotary(name="image_rotary_emb", position=2, covers_text=True, batched=True)
@@ -144,7 +145,9 @@ class AuraFlowFamily(Family):
     The text is the prompt's tokens after the model's 8 register tokens; it is never merged (the single-stream
     blocks pass each text token as a row of its own). Positions are a learned table added to the patches before
     the blocks, so nothing follows the merged rows. The pipeline passes `timestep / 1000` (0..1) and both guidance
-    halves in one batch, with no attention mask. `merge_mlp` merges both lists' feed-forward.
+    halves in one batch, with no attention mask. `merge_mlp` merges the joint blocks' image feed-forward (`ff`); the
+    single-stream blocks' runs on text and image together, which the feed-forward's merge (the image tokens' alone)
+    does not cover.
     """
 
     name = "auraflow"
@@ -152,7 +155,7 @@ class AuraFlowFamily(Family):
     built_with = AuraFlowAttnProcessor2_0
     stacks = (
         Stack("joint_transformer_blocks", Layout.JOINT, feed_forward="ff"),
-        Stack("single_transformer_blocks", Layout.TEXT_FIRST, feed_forward="ff", span=Span.TRAILING),
+        Stack("single_transformer_blocks", Layout.TEXT_FIRST, span=Span.TRAILING),
     )
     timestep_position = 2
     timestep_scale = 1000.0  # the pipeline passes t / 1000
@@ -213,8 +216,8 @@ class HunyuanVideoFramepackFamily(HunyuanVideoFamily):
     pass as rows of their own. Rotary tables `(cos, sin)`, each `(N_history + N_clip, D)`, cover both: a merged row
     takes its kept token's, each history token keeps its own. At a batch above one the model masks the text's padding
     (ones over history and clip): the mask is cut to the merged rows. The pipeline passes the timestep on 0..1000,
-    one guidance branch per call. `merge_mlp` merges the double-stream blocks' feed-forward (history as rows of their
-    own).
+    one guidance branch per call. No feed-forward is declared (`merge_mlp` merges none): the double-stream blocks' runs
+    on history and clip together, which the feed-forward's merge (the clip's tokens alone) does not cover.
     """
 
     name = "hunyuanvideo_framepack"
@@ -222,11 +225,7 @@ class HunyuanVideoFramepackFamily(HunyuanVideoFamily):
 
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
         sites: list[BlockSite] = []
-        for name, feed_forward in (("transformer_blocks", "ff"), ("single_transformer_blocks", None)):
-            for block in getattr(model, name):
-                attention = AttentionSite(
-                    block.attn, False, Layout.JOINT_IMAGE_FIRST_HISTORY, HunyuanVideoAttnProcessor2_0
-                )
-                ff = getattr(block, feed_forward) if feed_forward else None
-                sites.append(_ClipSite(block, (attention,), ff, Span.TRAILING, model=model))
+        for block in (*model.transformer_blocks, *model.single_transformer_blocks):
+            attention = AttentionSite(block.attn, False, Layout.JOINT_IMAGE_FIRST_HISTORY, HunyuanVideoAttnProcessor2_0)
+            sites.append(_ClipSite(block, (attention,), None, Span.TRAILING, model=model))
         return sites

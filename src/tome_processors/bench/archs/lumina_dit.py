@@ -46,9 +46,9 @@ LUMINA2_QUICK = dict(
     multiple_of=2, axes_dim_rope=(4, 2, 2), axes_lens=(128, 128, 128), cap_feat_dim=32,
 )  # fmt: skip
 
-# Lumina-Next-SFT (2 B; Alpha-VLLM/Lumina-Next-SFT-diffusers): the config diffusers' scripts/convert_lumina_to_diffusers.py
-# writes: 24 layers of 32 heads x 72 (2304 wide, 8 key/value heads), patch 2 over SDXL's VAE's 4 channels, learned
-# sigma, Gemma-2B's 2048-wide caption.
+# Lumina-Next-SFT (2 B; Alpha-VLLM/Lumina-Next-SFT-diffusers): the config diffusers'
+# scripts/convert_lumina_to_diffusers.py writes: 24 layers of 32 heads x 72 (2304 wide, 8 key/value heads), patch 2
+# over SDXL's VAE's 4 channels, learned sigma, Gemma-2B's 2048-wide caption.
 LUMINA_NEXT = dict(
     sample_size=128,
     patch_size=2,
