@@ -2,7 +2,7 @@
 model's own bit for bit, and `remove_tome` leaves a model that runs as it was built.
 
 Tiny random-weight models from configs (diffusers' own test sizes): the latent upscaler's K-UNet, Sana (linear
-attention), CogVideoX (its own joint processor), AuraFlow and Kandinsky 2.2's UNet (added-K/V attention).
+attention), CogVideoX (its own joint processor) and Kandinsky 2.2's UNet (added-K/V attention).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Callable
 import pytest
 import torch
 from diffusers import (
-    AuraFlowTransformer2DModel,
     CogVideoXTransformer3DModel,
     SanaTransformer2DModel,
     UNet2DConditionModel,
@@ -103,26 +102,6 @@ def cogvideox() -> tuple[torch.nn.Module, dict]:
     )
 
 
-def auraflow() -> tuple[torch.nn.Module, dict]:
-    torch.manual_seed(0)
-    model = AuraFlowTransformer2DModel(
-        sample_size=32,
-        patch_size=2,
-        in_channels=4,
-        num_mmdit_layers=1,
-        num_single_dit_layers=1,
-        attention_head_dim=8,
-        num_attention_heads=4,
-        caption_projection_dim=32,
-        joint_attention_dim=32,
-        out_channels=4,
-        pos_embed_max_size=256,
-    ).eval()
-    return model, dict(
-        hidden_states=_noise(1, 4, 32, 32), encoder_hidden_states=_noise(1, 8, 32, seed=1), timestep=torch.tensor([500])
-    )
-
-
 def kandinsky22_unet() -> tuple[torch.nn.Module, dict]:
     """Kandinsky 2.2's decoder UNet: `SimpleCrossAttn` blocks, attention with added keys and values."""
     torch.manual_seed(0)
@@ -155,7 +134,6 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, dict]]] = {
     "latent-upscaler": latent_upscaler_unet,
     "sana": sana,
     "cogvideox": cogvideox,
-    "auraflow": auraflow,
     "kandinsky22": kandinsky22_unet,
 }
 
