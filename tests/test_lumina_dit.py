@@ -269,3 +269,19 @@ def test_the_history_layout_is_declared_only_by_framepack():
         tp.apply_tome(model, ratio=0.5)
         run(model, framepack_inputs())
     tp.remove_tome(model)
+
+
+@pytest.mark.parametrize("build,inputs", [(tiny_lumina_next, lumina_next_inputs), (tiny_lumina2, lumina2_inputs)])
+def test_a_tome_processor_set_on_each_module_merges_as_apply_tome_does(build, inputs):
+    """These models have no `set_attn_processor`: a `ToMeProcessor()` set on each attention module keeps every keyword
+    their processors take (Lumina-Next's `base_sequence_length`, its rotary tables), as `apply_tome` does."""
+    model, call = build(), inputs()
+    tp.apply_tome(model, ratio=0.5)
+    applied = run(model, call)
+    tp.remove_tome(model)
+    for module in model.modules():
+        if hasattr(module, "set_processor") and hasattr(module, "processor"):
+            module.set_processor(tp.ToMeProcessor(ratio=0.5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no keyword dropped (diffusers warns), nothing else said
+        torch.testing.assert_close(run(model, call), applied)

@@ -10,7 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from diffusers.models.attention_processor import AttnProcessor2_0, FusedAttnProcessor2_0, JointAttnProcessor2_0
+from diffusers.models.attention_processor import (
+    AttnProcessor2_0,
+    FusedAttnProcessor2_0,
+    JointAttnProcessor2_0,
+    LuminaAttnProcessor2_0,
+)
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from diffusers.models.transformers.transformer_ltx2 import LTX2PerturbedAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
@@ -563,6 +568,7 @@ _DEFAULT_SIGNATURE = _union_signature(
         JointAttnProcessor2_0,
         FluxAttnProcessor,
         LTX2PerturbedAttnProcessor,  # LTX-2.3's STG: `perturbation_mask`, `all_perturbed`
+        LuminaAttnProcessor2_0,  # Lumina-Next's proportional attention: `base_sequence_length`
         QwenDoubleStreamAttnProcessor2_0,
         ZSingleStreamAttnProcessor,
     ]
