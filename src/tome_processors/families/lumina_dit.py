@@ -81,7 +81,7 @@ class Lumina2Family(_RisingTime):
     )
     needs_row_token = True
     rotary = Rotary(name="image_rotary_emb", position=2, covers_text=True, batched=True)
-    merge_only = True  # keys and values come from the merged tokens themselves: no pooled keys to pass
+    merge_only = True  # the keys carry rotary rows (in the main layers beside the caption's): pooled keys have none
     # FLUX.1's presets (a text-image sequence with rotary positions, as Z-Image borrows them); not measured on
     # Lumina 2.
     defaults: dict[str, Any] = dict(FluxFamily.defaults)
