@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers.models.attention_processor import Attention, CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
+from diffusers.models.attention_processor import (
+    Attention,
+    CogVideoXAttnProcessor2_0,
+    FusedCogVideoXAttnProcessor2_0,
+    HunyuanAttnProcessor2_0,
+)
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_cogview4 import CogView4AttnProcessor
 from diffusers.models.transformers.transformer_flux import (
@@ -195,6 +200,14 @@ def _omnigen() -> tuple[torch.nn.Module, object, dict]:
     return attn, OmniGenAttnProcessor2_0(), {"text": False, "own_keys": True}
 
 
+def _hunyuandit(cross: bool) -> tuple[torch.nn.Module, object, dict]:
+    """Hunyuan-DiT's self-attention (queries and keys rotated) or cross-attention to the text (the queries alone):
+    `(cos, sin)` over the image tokens, applied with `sequence_dim=2`; one output, the image's."""
+    attn = Attention(DIM, cross_attention_dim=DIM if cross else None, dim_head=HEAD_DIM, heads=HEADS,
+                     qk_norm="layer_norm", eps=1e-6, bias=True)  # fmt: skip
+    return attn, HunyuanAttnProcessor2_0(), {"text": cross, "image_only_rotary": True, "image_out": True}
+
+
 PROCESSORS = {
     "flux-joint": _flux_joint,
     "flux-single": _flux_single,
@@ -210,6 +223,8 @@ PROCESSORS = {
     "hunyuanvideo15": lambda: _hunyuanvideo(single=False, processor=HunyuanVideo15AttnProcessor2_0),
     "hunyuanimage-double": lambda: _hunyuanvideo(single=False, processor=HunyuanImageAttnProcessor),
     "hunyuanimage-single": lambda: _hunyuanvideo(single=True, processor=HunyuanImageAttnProcessor),
+    "hunyuandit-self": lambda: _hunyuandit(cross=False),
+    "hunyuandit-cross": lambda: _hunyuandit(cross=True),
     "qwenimage": _qwenimage,
     "cogvideox": lambda: _cog(CogVideoXAttnProcessor2_0),
     "cogvideox-fused": lambda: _cog(FusedCogVideoXAttnProcessor2_0),
@@ -274,7 +289,8 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
         alone = [call(slice(b, b + 1), alone_rotary[b]) for b in range(batch)]
     batched = batched if isinstance(batched, tuple) else (batched,)
     alone = [out if isinstance(out, tuple) else (out,) for out in alone]
-    assert len(batched) == len(alone[0]) == (3 if parts.get("ip") else 2 if parts["text"] else 1)
+    outputs = 3 if parts.get("ip") else 2 if parts["text"] and not parts.get("image_out") else 1
+    assert len(batched) == len(alone[0]) == outputs
     for got, *parts_alone in zip(batched, *alone, strict=True):
         torch.testing.assert_close(got, torch.cat(parts_alone), rtol=1e-6, atol=1e-6)
 

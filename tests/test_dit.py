@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 from diffusers import (
-    DiTTransformer2DModel,
     FluxTransformer2DModel,
     PixArtTransformer2DModel,
+    PriorTransformer,
     SD3Transformer2DModel,
 )
 from diffusers.models.attention_dispatch import AttentionBackendName
@@ -344,14 +344,16 @@ def test_pixart_downsample_kv_runs_but_joint_attention_refuses_it():
 
 def test_unsupported_model_family_is_named_and_nothing_changes():
     torch.manual_seed(0)
-    dit = DiTTransformer2DModel(
-        num_attention_heads=2, attention_head_dim=8, in_channels=4, num_layers=1, sample_size=8, patch_size=2
-    )
-    processors = {name: m.processor for name, m in dit.named_modules() if hasattr(m, "processor")}
-    with pytest.raises(ValueError, match="but got DiTTransformer2DModel"):
-        tp.apply_tome(dit)
-    assert hooks_left(dit) == 0
-    assert processors and all(dit.get_submodule(name).processor is p for name, p in processors.items())
+    # unCLIP's prior: `BasicTransformerBlock`s over embeddings, no image tokens.
+    prior = PriorTransformer(
+        num_attention_heads=2, attention_head_dim=4, num_layers=1, embedding_dim=8, num_embeddings=7,
+        additional_embeddings=4,
+    )  # fmt: skip
+    processors = {name: m.processor for name, m in prior.named_modules() if hasattr(m, "processor")}
+    with pytest.raises(ValueError, match="but got PriorTransformer"):
+        tp.apply_tome(prior)
+    assert hooks_left(prior) == 0
+    assert processors and all(prior.get_submodule(name).processor is p for name, p in processors.items())
 
 
 @pytest.mark.parametrize(

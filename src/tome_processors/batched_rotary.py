@@ -21,7 +21,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
+from diffusers.models.attention_processor import (
+    CogVideoXAttnProcessor2_0,
+    FusedCogVideoXAttnProcessor2_0,
+    HunyuanAttnProcessor2_0,
+)
 from diffusers.models.transformers.transformer_cogview4 import CogView4AttnProcessor
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
@@ -42,9 +46,10 @@ __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sa
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
 #: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1, Motif-Video) or
 #: its default `sequence_dim=2` (CogVideoX, ConsisID and CogView 3 Plus, fused or not; CogView 4,
-#: `use_real_unbind_dim=-2`; OmniGen), `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image, Qwen-Image 2.1,
-#: whose processors must see the whole batch at once: the first step's call stores the batch's keys and values in its
-#: cache), or `table.view(1, S, 1, D)` (JoyImage-Edit). Exact types: a subclass may read the table some other way.
+#: `use_real_unbind_dim=-2`; OmniGen; Hunyuan-DiT's `HunyuanAttnProcessor2_0`), `apply_rotary_emb_qwen(x, table,
+#: use_real=False)` (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole batch at once: the first step's
+#: call stores the batch's keys and values in its cache), or `table.view(1, S, 1, D)` (JoyImage-Edit). Exact types: a
+#: subclass may read the table some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
         CogVideoXAttnProcessor2_0,
@@ -63,6 +68,7 @@ SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
         JoyImageAttnProcessor,
         MotifVideoAttnProcessor2_0,
         OmniGenAttnProcessor2_0,
+        HunyuanAttnProcessor2_0,
         QwenDoubleStreamAttnProcessor2_0,
         QwenImage21AttnProcessor,
         QwenImage21FlexAttnProcessor,

@@ -7,12 +7,16 @@ is returned as it is. The layouts (see `families.Layout`):
   tokens are merged, the image output(s) unmerged, the text output untouched. JOINT_IMAGE_FIRST: the same
   call, where the processor attends over the image then the text (HunyuanVideo), so a mask over the whole
   sequence is cut at its start, and rotary tables over the whole sequence (`Rotary.covers_text`: HiDream's)
-  keep the text's positions after the merged rows'.
+  keep the text's positions after the merged rows'. JOINT_IMAGE_FIRST_HISTORY: the same call, where the image input
+  opens with other tokens ahead of the grid's (FramePack's history latents), each merged as a row of its own, as
+  TEXT_FIRST merges the text.
 - TEXT_FIRST: `processor(attn, cat(text, image), None, mask, rotary)` returning `cat(text, image)`.
   The merge covers the whole sequence, each text token a row of its own ahead of the image rows
   (`TokenMerge.text_rows`): the text goes through merge and unmerge unchanged, and nothing is sliced
   off and put back. The model's tail (`ModelState.tail`: FLUX.2's reference images, after the generated
-  image's tokens) passes the same way, each token a row of its own after the image rows.
+  image's tokens) passes the same way, each token a row of its own after the image rows. A module that passes its
+  tokens again as `encoder_hidden_states` (Lumina's self-attention: keys and values from the same tokens) gets the
+  merged tokens there too. A cross-attention's mask over its keys is left as it is.
 
 Rotary embeddings (Flux) cover text then image positions. A merged row keeps the rotation of the token
 it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing was merged into it):
@@ -45,6 +49,8 @@ from .skips import Skip
 _FLUX_ROTARY = Rotary()  # FLUX.1's: `image_rotary_emb`, (cos, sin) over text then image, one for the batch
 #: The image's `(cos, sin)` inside a nested argument (`Rotary.nested`): both tables follow the merged rows.
 _IMAGE_PAIR = Rotary(covers_text=False, text_table=False)
+#: The layouts whose image tokens come as `hidden_states` and the text as `encoder_hidden_states`.
+_JOINT = (Layout.JOINT, Layout.JOINT_IMAGE_FIRST, Layout.JOINT_IMAGE_FIRST_HISTORY)
 #: Masks over the attention's keys that processors take by keyword beside `attention_mask`, `(B, S)`: Qwen-Image
 #: 2.1's `key_valid`. They are refused or cut as the attention mask is.
 KEY_MASKS = ("key_valid",)
@@ -68,7 +74,7 @@ def run_with_text(
         return inner(attn, hidden_states, *args, **kwargs)
     masked = model.masks_text_only
     at = (slot.rotary_at if slot.rotary_at is not None else spec.position, spec.name)  # where the tables are
-    if slot.layout is Layout.JOINT or slot.layout is Layout.JOINT_IMAGE_FIRST:
+    if slot.layout in _JOINT:
         text = argument(args, kwargs, 0, "encoder_hidden_states")
         text_len = int(text.shape[1]) if isinstance(text, torch.Tensor) else 0
         text_first = slot.layout is Layout.JOINT
@@ -76,16 +82,23 @@ def run_with_text(
         # each text position keeps its row of the table, after the merged rows').
         ahead = text_len if spec.covers_text and text_first else 0
         after = text_len if spec.covers_text and not text_first else 0
-        merge = processor._merge_for(slot, hidden_states, args, kwargs, ahead, tail=extra, mask_fits=masked)
+        if slot.layout is Layout.JOINT_IMAGE_FIRST_HISTORY:  # `extra` tokens ahead of the grid's, a row each
+            merge = processor._merge_for(slot, hidden_states, args, kwargs, extra, text_rows=True, mask_fits=masked)
+            lead, tail = extra, text_len  # the mask's sequence
+        else:  # `extra` tokens after the grid's (Qwen-Image-Edit's reference image)
+            merge = processor._merge_for(slot, hidden_states, args, kwargs, ahead, tail=extra, mask_fits=masked)
+            lead, tail = (text_len, extra) if text_first else (0, extra + text_len)
         if merge is None or not _rotary_fits(spec, at, args, kwargs, ahead + merge.num_tokens + after, merge.batch):
             if merge is not None:  # (None: `_merge_for` said why)
                 slot.skip(Skip.ROTARY, hidden_states)
             return inner(attn, hidden_states, *args, **kwargs)
-        lead, tail = (text_len, extra) if text_first else (0, extra + text_len)  # the mask's sequence
         args, kwargs = _merged_mask(args, kwargs, slot.mask_at, lead, tail, merge)
         out = _call(inner, attn, merge.merge(hidden_states), args, kwargs, merge, spec, at, after)
         return _unmerge_joint(out, merge)
 
+    # A cross-attention's mask is over its keys (the text), which are not merged: it stays as it is, and any other
+    # mask there leaves the attention unmerged (`_merge_for`).
+    masked = masked and not slot.is_cross
     if slot.layout is Layout.IMAGE_FIRST:  # the grid's tokens, then `extra` others
         merge = processor._merge_for(slot, hidden_states, args, kwargs, tail=extra, mask_fits=masked)
         lead = 0
@@ -102,9 +115,11 @@ def run_with_text(
         if merge is not None:  # (None: `_merge_for` said why)
             slot.skip(Skip.ROTARY, hidden_states)
         return inner(attn, hidden_states, *args, **kwargs)
-    args, kwargs = _merged_mask(args, kwargs, slot.mask_at, lead, extra - lead, merge)
+    if masked:
+        args, kwargs = _merged_mask(args, kwargs, slot.mask_at, lead, extra - lead, merge)
     merged = merge.merge(hidden_states)
-    if argument(args, kwargs, 0, "encoder_hidden_states") is hidden_states:  # its own keys and values (OmniGen)
+    if argument(args, kwargs, 0, "encoder_hidden_states") is hidden_states:
+        # A self-attention whose module passes its tokens again as the keys' (OmniGen's, Lumina's): the merged ones.
         args, kwargs = replace_argument(args, kwargs, 0, "encoder_hidden_states", merged)
     out = _call(inner, attn, merged, args, kwargs, merge, spec, at)
     if isinstance(out, tuple):  # a processor that returns more: the first output holds the tokens
@@ -195,6 +210,9 @@ def _gathered(spec: Rotary, tables: list[torch.Tensor]) -> list[torch.Tensor]:
 def _rotary_fits(spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, num_positions: int, batch: int) -> bool:
     """No rotary embeddings, or tables with one row per position the merge counts (else: do not merge)."""
     rotary = argument(args, kwargs, *at)
+    keys = argument(args, kwargs, spec.key_position, spec.key_name) if spec.key_name is not None else None
+    if keys is not None and keys is not rotary:
+        return False  # a keys' table of its own: only the very queries' table follows the merged keys (`_call`)
     if rotary is None:
         return True
     spec, rotary, _ = _image_part(spec, rotary)
@@ -300,28 +318,41 @@ def _call(
     rotary = argument(args, kwargs, *where)
     if rotary is None:
         return inner(attn, merged, *args, **kwargs)
+    # The keys' table where the processor takes one, the queries' own (Lumina-Next's `key_rotary_emb`): the same rows.
+    keys = (spec.key_position, spec.key_name) if spec.key_name else None
+    if keys is not None and argument(args, kwargs, *keys) is not rotary:
+        keys = None  # no keys' table (a cross-attention's); a table of its own is refused (`_rotary_fits`)
     spec, rotary, put_back = _image_part(spec, rotary)
     # A processor known to take a table per sample: the whole batch in one call.
     if not spec.batched and takes_sample_tables(inner):
         tables = _batched_rotary(spec, rotary, merge, after)
-        args, kwargs = replace_argument(args, kwargs, *where, put_back(tables) if put_back else tables)
+        args, kwargs = _with_tables(args, kwargs, where, keys, put_back(tables) if put_back else tables)
         return inner(attn, merged, *args, **kwargs)
     per_call = _merged_rotary(spec, rotary, merge, after)
     if put_back is not None:
         per_call = [put_back(tables) for tables in per_call]
     batch = merge.batch
     if batch == 1 or spec.batched:
-        args, kwargs = replace_argument(args, kwargs, *where, per_call[0])
+        args, kwargs = _with_tables(args, kwargs, where, keys, per_call[0])
         return inner(attn, merged, *args, **kwargs)
     outputs = []
     for b in range(batch):  # a processor not known to take a table per sample: one sample at a time
         sample_args = tuple(_sample(x, b, batch) for x in args)
         sample_kwargs = {k: _sample(v, b, batch) for k, v in kwargs.items()}
-        sample_args, sample_kwargs = replace_argument(sample_args, sample_kwargs, *where, per_call[b])
+        sample_args, sample_kwargs = _with_tables(sample_args, sample_kwargs, where, keys, per_call[b])
         outputs.append(inner(attn, merged[b : b + 1], *sample_args, **sample_kwargs))
     if isinstance(outputs[0], torch.Tensor):
         return torch.cat(outputs)
     return type(outputs[0])(torch.cat(parts) if parts[0] is not None else None for parts in zip(*outputs, strict=True))
+
+
+def _with_tables(
+    args: tuple, kwargs: dict, where: tuple[int, str], keys: tuple[int, str] | None, tables: Any
+) -> tuple[tuple, dict]:
+    """`args` / `kwargs` with the rotary tables at `where` (and at `keys`, the keys' place, where given) set to
+    `tables`."""
+    args, kwargs = replace_argument(args, kwargs, *where, tables)
+    return (args, kwargs) if keys is None else replace_argument(args, kwargs, *keys, tables)
 
 
 def _sample(x: Any, b: int, batch: int) -> Any:

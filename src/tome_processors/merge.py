@@ -128,7 +128,16 @@ class TokenMerge:
         return (summed / row_size).view(B, self.num_rows, C)
 
     def unmerge(self, y: torch.Tensor) -> torch.Tensor:
-        """`(B, M, C)` -> `(B, N, C)`: every token gets a copy of its row."""
+        """`(B, M, C)` -> `(B, N, C)`: every token gets a copy of its row. A processor's output of more axes,
+        `(B, M, ...)` (Lumina-Next's `(B, M, heads, head_dim)`), comes back as `(B, N, ...)`.
+
+        Example:
+            >>> merge = TokenMerge(torch.tensor([0, 0, 1]), torch.tensor([[2.0], [1.0]]), 1, 3, 2)
+            >>> merge.unmerge(torch.arange(4.0).view(1, 2, 2, 1)).flatten().tolist()
+            [0.0, 1.0, 0.0, 1.0, 2.0, 3.0]
+        """
+        if y.ndim != 3:
+            return self.unmerge(y.flatten(2)).unflatten(2, y.shape[2:])
         B, M, C = y.shape
         # A lookup of rows by a `(B, N)` index: one gather kernel, and one op fewer than `index_select`
         # on the flat index and a reshape back (as fast on CPU).

@@ -10,7 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from diffusers.models.attention_processor import AttnProcessor2_0, FusedAttnProcessor2_0, JointAttnProcessor2_0
+from diffusers.models.attention_processor import (
+    AttnProcessor2_0,
+    FusedAttnProcessor2_0,
+    JointAttnProcessor2_0,
+    LuminaAttnProcessor2_0,
+)
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from diffusers.models.transformers.transformer_ltx2 import LTX2PerturbedAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
@@ -442,8 +447,10 @@ class ToMeProcessor:
             slot.skip(Skip.FLAG_OFF)
             return None
         mask = argument(args, kwargs, *mask_where(slot.mask_at))
-        if slot.is_cross and isinstance(mask, torch.Tensor) and mask.shape[-2] == 1:
-            mask = None  # a cross-attention's mask over its keys (the text): merged queries leave it in line
+        if slot.is_cross and isinstance(mask, torch.Tensor) and (mask.ndim == 2 or mask.shape[-2] == 1):
+            # A cross-attention's mask over its keys (the text), `(B, 1, L)` or `(B, L)` (Lumina-Next's): merged
+            # queries leave it in line.
+            mask = None
         masks = [m for m in (mask, *(kwargs.get(name) for name in KEY_MASKS)) if m is not None]
         # A mask over the merged tokens would no longer line up, unless the caller cuts it (tensors only: Qwen-Image
         # 2.1's flex `BlockMask` cannot be cut).
@@ -562,6 +569,7 @@ _DEFAULT_SIGNATURE = _union_signature(
         JointAttnProcessor2_0,
         FluxAttnProcessor,
         LTX2PerturbedAttnProcessor,  # LTX-2.3's STG: `perturbation_mask`, `all_perturbed`
+        LuminaAttnProcessor2_0,  # Lumina-Next's proportional attention: `base_sequence_length`
         QwenDoubleStreamAttnProcessor2_0,
         SanaLinearAttnProcessor3_0,  # Sana-Video's linear self-attention (an `Attention`, which filters): `rotary_emb`
         ZSingleStreamAttnProcessor,

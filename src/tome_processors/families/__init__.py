@@ -62,6 +62,14 @@ from .kandinsky import REFUSED as _KANDINSKY_REFUSED
 from .kandinsky import Kandinsky5Family, Kandinsky6Family, KandinskyFamily
 from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
+from .lumina_dit import (
+    AuraFlowFamily,
+    DiTFamily,
+    HunyuanDiTFamily,
+    HunyuanVideoFramepackFamily,
+    Lumina2Family,
+    LuminaNextFamily,
+)
 from .qwen_ernie import ErnieImageFamily, QwenImage21Family
 from .qwenimage import QwenImageFamily
 from .sana import REFUSED as _SANA_REFUSED
@@ -140,6 +148,12 @@ __all__ = [
     "JoyImageEditPlusFamily",
     "MotifVideoFamily",
     "OmniGenFamily",
+    "AuraFlowFamily",
+    "DiTFamily",
+    "HunyuanDiTFamily",
+    "HunyuanVideoFramepackFamily",
+    "Lumina2Family",
+    "LuminaNextFamily",
 ]
 
 
@@ -186,6 +200,12 @@ _OWN: dict[str, type[Family]] = {
         MotifVideoFamily,
         AnyFlowFamily,
         DreamLiteFamily,
+        Lumina2Family,
+        LuminaNextFamily,
+        AuraFlowFamily,
+        DiTFamily,
+        HunyuanDiTFamily,
+        HunyuanVideoFramepackFamily,
         SVDFamily,
         UNetFamily,
     )

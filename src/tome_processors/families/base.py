@@ -34,6 +34,10 @@ class Layout(enum.Enum):
     #: but the processor attends over the image tokens then the text, so an attention mask (and rotary
     #: tables that cover the text) over the whole sequence open with the image (HunyuanVideo's blocks).
     JOINT_IMAGE_FIRST = "joint_image_first"
+    #: As `JOINT_IMAGE_FIRST`, but `hidden_states` open with other tokens ahead of the grid's (FramePack's history
+    #: latents), each passed as a row of its own (as `TEXT_FIRST` passes the text): the processor attends over those,
+    #: the grid's, then the text. The block's span is `Span.TRAILING`.
+    JOINT_IMAGE_FIRST_HISTORY = "joint_image_first_history"
     #: `hidden_states` are the image tokens, and `rotary_emb` holds `(cos, sin)` tables of shape
     #: `(1, N, 1, D)`, one row per token (Wan's 3-D rotary embeddings), or as the family's `Rotary` says (one
     #: tensor of rotations with `pair=False`: Kandinsky's); the output is one tensor.
@@ -72,8 +76,10 @@ class Rotary:
             (Kandinsky's 2x2 rotation matrices, `(N, 1, D/2, 2, 2)` or `(B, N, 1, D/2, 2, 2)`). `Layout.ROTARY`
             only.
         key_name / key_position: where the processor takes the keys' rotation as an argument of its own
-            (Kandinsky 6's `rotary_emb_kv`), or None. In a merged self-attention the keys are the merged rows
-            too, so that table follows them as the queries' does. `Layout.ROTARY` with `pair=False` only.
+            (Kandinsky 6's `rotary_emb_kv`, Lumina-Next's `key_rotary_emb`), or None. In a merged self-attention the
+            keys are the merged rows too, so that table follows them as the queries' does. `Layout.ROTARY` with
+            `pair=False`, and the layouts of joint_attention.py where the keys' table is the very queries' table
+            (Lumina-Next passes one table as both; a table of its own there leaves the attention unmerged).
         nested: True where the processor gets `(image, text)`, each a `(cos, sin)` pair (the text's may be None),
             the image's over the image tokens alone (JoyImage-Edit's `(vis_freqs, txt_freqs)`): the image's pair
             follows the merged rows, the text's is left as it is. Joint layouts only.

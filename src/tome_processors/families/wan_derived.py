@@ -75,7 +75,7 @@ class ChronoEditFamily(WanFamily):
 
 
 @dataclass(frozen=True)
-class _ClipSite(BlockSite):
+class HistoryClipSite(BlockSite):
     """A Helios block: its input is the history's tokens, then the clip's `frames x h x w` (`Span.TRAILING`).
 
     Under context parallelism diffusers' plan for Helios splits each attention's input, history and clip as one
@@ -105,7 +105,7 @@ class HeliosFamily(WanFamily):
 
     Where a block amplifies the history's keys (`is_amplify_history`), its processor finds the history as the tokens
     before the last `original_context_length`, the clip's unmerged count: its `attn1` is not declared (no released
-    model does). Under context parallelism the clip merges where the call passes no history (see `_ClipSite`).
+    model does). Under context parallelism the clip merges where the call passes no history (see `HistoryClipSite`).
 
     Example:
         >>> from tome_processors.families import FAMILIES
@@ -126,7 +126,7 @@ class HeliosFamily(WanFamily):
                 attentions.append(AttentionSite(block.attn1, False, Layout.TEXT_FIRST))
             cross = Layout.IMAGE if block.guidance_cross_attn else Layout.TEXT_FIRST
             attentions.append(AttentionSite(block.attn2, True, cross))
-            sites.append(_ClipSite(block, tuple(attentions), block.ffn, Span.TRAILING))
+            sites.append(HistoryClipSite(block, tuple(attentions), block.ffn, Span.TRAILING))
         return sites
 
 
