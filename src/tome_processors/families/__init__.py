@@ -22,9 +22,12 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
 `ErnieImageTransformer2DModel`, the image models `HunyuanImageTransformer2DModel` and
 `HiDreamImageTransformer2DModel`, the video models `Kandinsky5Transformer3DModel` and
-`Kandinsky6Transformer3DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
-blocks). Some models are refused with the reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose
-attention is block-sparse). docs/families.md is the recipe for adding one.
+`Kandinsky6Transformer3DModel`, the image models `BriaTransformer2DModel`, `BriaFiboTransformer2DModel`,
+`BriaFibo2Transformer2DModel`, `GlmImageTransformer2DModel`, `Ideogram4Transformer2DModel`,
+`NucleusMoEImageTransformer2DModel`, `PRXTransformer2DModel` and `OvisImageTransformer2DModel`, and Stable Video
+Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks). Some models are refused with the reason
+(`REFUSED`: Kandinsky 6's super-resolution transformer, whose attention is block-sparse). docs/families.md is the
+recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -57,6 +60,16 @@ from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .fluxlike import Flux3Family, Krea2Family, LongCatImageFamily
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
 from .hyimage_hidream import HiDreamImageFamily, HunyuanImageFamily
+from .image_more import (
+    BriaFamily,
+    BriaFibo2Family,
+    BriaFiboFamily,
+    GlmImageFamily,
+    Ideogram4Family,
+    NucleusMoEImageFamily,
+    OvisImageFamily,
+    PRXFamily,
+)
 from .kandinsky import REFUSED as _KANDINSKY_REFUSED
 from .kandinsky import Kandinsky5Family, Kandinsky6Family, KandinskyFamily
 from .ltx import LTXVideoFamily
@@ -73,6 +86,9 @@ __all__ = [
     "FAMILIES",
     "AttentionSite",
     "BlockSite",
+    "BriaFamily",
+    "BriaFibo2Family",
+    "BriaFiboFamily",
     "ChromaFamily",
     "ChronoEditFamily",
     "ErnieImageFamily",
@@ -80,12 +96,14 @@ __all__ = [
     "Flux2Family",
     "Flux3Family",
     "FluxFamily",
+    "GlmImageFamily",
     "HeliosFamily",
     "HiDreamImageFamily",
     "HunyuanVideo15Family",
     "HunyuanImageFamily",
     "HunyuanVideoFamily",
     "IdsGridFamily",
+    "Ideogram4Family",
     "Kandinsky5Family",
     "Kandinsky6Family",
     "KandinskyFamily",
@@ -94,6 +112,9 @@ __all__ = [
     "LTXVideoFamily",
     "Layout",
     "LongCatImageFamily",
+    "NucleusMoEImageFamily",
+    "OvisImageFamily",
+    "PRXFamily",
     "PixArtFamily",
     "QwenImage21Family",
     "QwenImageFamily",
@@ -154,6 +175,14 @@ FAMILIES: dict[str, type[Family]] = {
         HiDreamImageFamily,
         Kandinsky5Family,
         Kandinsky6Family,
+        BriaFamily,
+        BriaFiboFamily,
+        BriaFibo2Family,
+        GlmImageFamily,
+        Ideogram4Family,
+        NucleusMoEImageFamily,
+        PRXFamily,
+        OvisImageFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -188,6 +217,14 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "HiDreamImageTransformer2DModel",
         "Kandinsky5Transformer3DModel",
         "Kandinsky6Transformer3DModel",
+        "BriaTransformer2DModel",
+        "BriaFiboTransformer2DModel",
+        "BriaFibo2Transformer2DModel",
+        "GlmImageTransformer2DModel",
+        "Ideogram4Transformer2DModel",
+        "NucleusMoEImageTransformer2DModel",
+        "PRXTransformer2DModel",
+        "OvisImageTransformer2DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )

@@ -74,6 +74,9 @@ class Rotary:
         key_name / key_position: where the processor takes the keys' rotation as an argument of its own
             (Kandinsky 6's `rotary_emb_kv`), or None. In a merged self-attention the keys are the merged rows
             too, so that table follows them as the queries' does. `Layout.ROTARY` with `pair=False` only.
+        sequence_dim: with `batched`, the tables' token axis: 1 for `(B, S, ...)`; 2 where a head axis comes
+            first, `(B, 1, S, ...)` (PRX's one tensor of 2x2 rotations, `(B, 1, N, D/2, 2, 2)`). Joint layouts
+            only.
     """
 
     name: str = "image_rotary_emb"
@@ -84,6 +87,7 @@ class Rotary:
     pair: bool = True
     key_name: str | None = None
     key_position: int = 3
+    sequence_dim: int = 1
 
 
 @dataclass(frozen=True)
