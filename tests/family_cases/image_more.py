@@ -1,0 +1,300 @@
+"""Bria, Bria Fibo and Fibo 2, GLM-Image, Ideogram 4, Nucleus-MoE-Image, PRX and Ovis-Image (`families/image_more.py`).
+
+Tiny random-weight models: diffusers' own test configurations where they have one (Bria Fibo 2, Ideogram 4,
+Nucleus-MoE-Image), else small dims of each class's structure, one or two blocks per list. Inputs as the pipelines
+build them: batch 2, a 6 x 8 token grid and 7 text tokens (the second prompt's last two padding where the pipeline
+masks padding).
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers import (
+    BriaFibo2Transformer2DModel,
+    BriaFiboTransformer2DModel,
+    BriaTransformer2DModel,
+    GlmImageTransformer2DModel,
+    Ideogram4Transformer2DModel,
+    NucleusMoEImageTransformer2DModel,
+    OvisImageTransformer2DModel,
+    PRXTransformer2DModel,
+)
+from diffusers.models.transformers.transformer_ideogram4 import (
+    IMAGE_POSITION_OFFSET,
+    LLM_TOKEN_INDICATOR,
+    OUTPUT_IMAGE_INDICATOR,
+    SEQUENCE_PADDING_INDICATOR,
+)
+
+from family_cases import FamilyCase
+
+TEXT, H, W = 7, 6, 8
+PADDED = 2  # the second prompt's padding, where the pipeline masks it
+
+
+def grid_ids(h: int = H, w: int = W, columns: int = 3) -> torch.Tensor:
+    """FLUX.1's pipelines' `img_ids`: `(0, row, column)` for each token of a row-major `h x w` grid."""
+    out = torch.zeros(h, w, columns)
+    out[..., 1] = torch.arange(h)[:, None]
+    out[..., 2] = torch.arange(w)[None]
+    return out.view(h * w, columns)
+
+
+def text_valid(batch: int, text: int = TEXT) -> torch.Tensor:
+    """`(batch, text)` booleans: every prompt's tokens valid but the second's last `PADDED`."""
+    valid = torch.ones(batch, text, dtype=torch.bool)
+    valid[1:, -PADDED:] = False
+    return valid
+
+
+# ---------------------------------------------------------------- Bria, Ovis-Image (FLUX.1's blocks)
+
+
+def tiny_bria(in_channels: int = 16, text_dim: int = 16) -> BriaTransformer2DModel:
+    """One double- and two single-stream blocks of 2 heads of 16."""
+    torch.manual_seed(0)
+    return BriaTransformer2DModel(
+        patch_size=1, in_channels=in_channels, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=text_dim, axes_dims_rope=[4, 6, 6],
+    ).eval()  # fmt: skip
+
+
+def bria_inputs(batch: int = 2) -> dict:
+    """As `BriaPipeline` calls the model: zero text ids, FLUX.1's image ids, the scheduler's 0..1000 timestep."""
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "hidden_states": torch.randn(batch, H * W, 16, generator=generator),
+        "encoder_hidden_states": torch.randn(batch, TEXT, 16, generator=generator),
+        "timestep": torch.full((batch,), 600.0),
+        "img_ids": grid_ids(),
+        "txt_ids": torch.zeros(TEXT, 3),
+    }
+
+
+def tiny_ovis(in_channels: int = 16, text_dim: int = 16) -> OvisImageTransformer2DModel:
+    """One double- and two single-stream blocks of 2 heads of 16."""
+    torch.manual_seed(0)
+    return OvisImageTransformer2DModel(
+        patch_size=1, in_channels=in_channels, out_channels=in_channels, num_layers=1, num_single_layers=2,
+        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=text_dim, axes_dims_rope=(4, 6, 6),
+    ).eval()  # fmt: skip
+
+
+def ovis_inputs(batch: int = 2) -> dict:
+    """As `OvisImagePipeline` calls the model: `t / 1000`, zero text ids, FLUX.1's image ids."""
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "hidden_states": torch.randn(batch, H * W, 16, generator=generator),
+        "encoder_hidden_states": torch.randn(batch, TEXT, 16, generator=generator),
+        "timestep": torch.full((batch,), 0.6),
+        "img_ids": grid_ids(),
+        "txt_ids": torch.zeros(TEXT, 3),
+    }
+
+
+# ---------------------------------------------------------------- Bria Fibo
+
+
+def tiny_bria_fibo(in_channels: int = 16, text_dim: int = 16) -> BriaFiboTransformer2DModel:
+    """One double- and two single-stream blocks of 2 heads of 16; text layers of `text_dim`."""
+    torch.manual_seed(0)
+    return BriaFiboTransformer2DModel(
+        patch_size=1, in_channels=in_channels, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=2 * text_dim, axes_dims_rope=[4, 6, 6], text_encoder_dim=text_dim,
+    ).eval()  # fmt: skip
+
+
+def bria_fibo_inputs(batch: int = 2) -> dict:
+    """As `BriaFiboPipeline` calls the model: the last two text layers as `encoder_hidden_states`, one text layer per
+    block, zero text ids, one token per latent pixel, and the key-padding mask over `[text; image]` (boolean
+    `(B, 1, 1, S)`, given since the second prompt is padded)."""
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.cat([text_valid(batch), torch.ones(batch, H * W, dtype=torch.bool)], dim=1)
+    return {
+        "hidden_states": torch.randn(batch, H * W, 16, generator=generator),
+        "encoder_hidden_states": torch.randn(batch, TEXT, 32, generator=generator),
+        "text_encoder_layers": [torch.randn(batch, TEXT, 16, generator=generator) for _ in range(3)],
+        "timestep": torch.full((batch,), 600.0),
+        "img_ids": grid_ids(),
+        "txt_ids": torch.zeros(TEXT, 3),
+        "joint_attention_kwargs": {"attention_mask": mask[:, None, None, :]},
+    }
+
+
+# ---------------------------------------------------------------- Bria Fibo 2
+
+
+def tiny_bria_fibo2() -> BriaFibo2Transformer2DModel:
+    """diffusers' test configuration: a refiner block and two main blocks (the second an injection block)."""
+    torch.manual_seed(0)
+    return BriaFibo2Transformer2DModel(
+        in_channels=4, patch_size=2, dim=32, n_layers=2, n_refiner_layers=1, n_heads=2, cap_feat_dim=24,
+        injection_layer_ids=(1,), perceiver_num_layers=1, min_num_gist_tokens=4, max_num_gist_tokens=8, gist_step=4,
+        gist_min_text_len=4, gist_max_text_len=16, axes_dims=(4, 6, 6), axes_lens=(16, 16, 16),
+    ).eval()  # fmt: skip
+
+
+def bria_fibo2_inputs(batch: int = 2, context: tuple[int, int] | None = None, mask: bool = False) -> dict:
+    """As `BriaFibo2Pipeline` calls the model: the 4-D latent, the noise level in 0..1, the text bundles (the
+    Perceiver's, then the injection block's); with `context`, an image to edit of that latent size; with `mask`, the
+    prompts' padding mask (the second prompt's last two tokens)."""
+    generator = torch.Generator().manual_seed(0)
+    inputs = {
+        "hidden_states": torch.randn(batch, 4, 2 * H, 2 * W, generator=generator),
+        "timestep": torch.full((batch,), 0.6),
+        "encoder_hidden_states": torch.randn(batch, 2, TEXT, 24, generator=generator),
+    }
+    if mask:
+        inputs["encoder_attention_mask"] = text_valid(batch)
+    if context is not None:
+        inputs["context_latents"] = [torch.randn(batch, 4, *context, generator=generator)]
+    return inputs
+
+
+# ---------------------------------------------------------------- GLM-Image
+
+
+def tiny_glm_image() -> GlmImageTransformer2DModel:
+    """Two blocks of 2 heads of 8; a prior codebook of 32 tokens."""
+    torch.manual_seed(0)
+    return GlmImageTransformer2DModel(
+        patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+        text_embed_dim=16, time_embed_dim=16, condition_dim=8, prior_vq_quantizer_codebook_size=32,
+    ).eval()  # fmt: skip
+
+
+def glm_image_inputs(batch: int = 2) -> dict:
+    """As `GlmImagePipeline` calls the model (one guidance branch): the 4-D latent, the glyph text, a prior token per
+    patch, the scheduler's timestep less one, the target size; and a mask over the text (the second prompt padded)."""
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "hidden_states": torch.randn(batch, 4, 2 * H, 2 * W, generator=generator),
+        "encoder_hidden_states": torch.randn(batch, TEXT, 16, generator=generator),
+        "prior_token_id": torch.randint(0, 32, (batch, H * W), generator=generator),
+        "prior_token_drop": torch.zeros(batch, H * W, dtype=torch.bool),
+        "timestep": torch.full((batch,), 599.0),
+        "target_size": torch.tensor([[16.0 * H, 16.0 * W]]).expand(batch, 2),
+        "crop_coords": torch.zeros(batch, 2),
+        "attention_mask": text_valid(batch).long(),
+    }
+
+
+# ---------------------------------------------------------------- Ideogram 4
+
+
+def tiny_ideogram4() -> Ideogram4Transformer2DModel:
+    """diffusers' test configuration: two blocks of 4 heads of 8."""
+    torch.manual_seed(0)
+    return Ideogram4Transformer2DModel(
+        in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4, intermediate_size=32, adaln_dim=16,
+        llm_features_dim=24, rope_theta=10_000, mrope_section=(2, 1, 1), norm_eps=1e-5,
+    ).eval()  # fmt: skip
+
+
+def ideogram4_inputs(batch: int = 2, text: int = TEXT) -> dict:
+    """As `Ideogram4Pipeline` calls its conditional model: `[left padding; text; image]` packed, the second prompt two
+    tokens shorter (left-padded), ids, segments and roles as `_prepare_ids` builds them, the model's time `0.4` (0 is
+    noise); with `text=0`, as it calls the unconditional model (the image alone)."""
+    generator = torch.Generator().manual_seed(0)
+    seq = text + H * W
+    position_ids = torch.zeros(batch, seq, 3, dtype=torch.long)
+    segment_ids = torch.full((batch, seq), SEQUENCE_PADDING_INDICATOR, dtype=torch.long)
+    indicator = torch.zeros(batch, seq, dtype=torch.long)
+    image = torch.stack([torch.zeros(H * W, dtype=torch.long), *grid_ids()[:, 1:].long().unbind(-1)], -1)
+    for b in range(batch):
+        real = text - (PADDED if b == 1 and text else 0)
+        start = text - real
+        position_ids[b, start:text] = torch.arange(real)[:, None]
+        position_ids[b, text:] = image + IMAGE_POSITION_OFFSET
+        indicator[b, start:text], indicator[b, text:] = LLM_TOKEN_INDICATOR, OUTPUT_IMAGE_INDICATOR
+        segment_ids[b, start:] = 1
+    hidden = torch.zeros(batch, seq, 16)
+    hidden[:, text:] = torch.randn(batch, H * W, 16, generator=generator)
+    features = torch.zeros(batch, seq, 24)
+    features[:, :text] = torch.randn(batch, text, 24, generator=generator) * (indicator[:, :text, None] > 0)
+    return {
+        "hidden_states": hidden,
+        "timestep": torch.full((batch,), 0.4),
+        "encoder_hidden_states": features,
+        "position_ids": position_ids,
+        "segment_ids": segment_ids,
+        "indicator": indicator,
+    }
+
+
+# ---------------------------------------------------------------- Nucleus-MoE-Image
+
+
+def tiny_nucleusmoe() -> NucleusMoEImageTransformer2DModel:
+    """diffusers' test configuration (dense blocks), with 2 key/value heads for the 4 query heads."""
+    torch.manual_seed(0)
+    return NucleusMoEImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=4,
+        num_key_value_heads=2, joint_attention_dim=16, axes_dims_rope=(8, 4, 4), moe_enabled=False,
+        capacity_factors=[8.0, 8.0],
+    ).eval()  # fmt: skip
+
+
+def nucleusmoe_inputs(batch: int = 2) -> dict:
+    """As `NucleusMoEImagePipeline` calls the model (one guidance branch): packed tokens, `img_shapes` per sample, the
+    prompt's padding mask, `t / 1000`."""
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "hidden_states": torch.randn(batch, H * W, 16, generator=generator),
+        "img_shapes": [(1, H, W)] * batch,
+        "encoder_hidden_states": torch.randn(batch, TEXT, 16, generator=generator),
+        "encoder_hidden_states_mask": text_valid(batch).long(),
+        "timestep": torch.full((batch,), 0.6),
+    }
+
+
+# ---------------------------------------------------------------- PRX
+
+
+def tiny_prx(in_channels: int = 4, text_dim: int = 16) -> PRXTransformer2DModel:
+    """Two blocks of 2 heads of 16 over 2 x 2 patches, random modulation."""
+    torch.manual_seed(0)
+    model = PRXTransformer2DModel(
+        in_channels=in_channels, patch_size=2, context_in_dim=text_dim, hidden_size=32, mlp_ratio=2.0, num_heads=2,
+        depth=2, axes_dim=[8, 8],
+    ).eval()  # fmt: skip
+    for block in model.blocks:  # the class starts its modulation at zero (every gate shut): a trained model's are not
+        torch.nn.init.normal_(block.modulation.lin.weight, std=0.2)
+        torch.nn.init.normal_(block.modulation.lin.bias, std=0.2)
+    return model
+
+
+def prx_inputs(batch: int = 2) -> dict:
+    """As `PRXPipeline` calls the model: the 4-D latent, `t / 1000`, the text and its padding mask `(B, T)`."""
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "hidden_states": torch.randn(batch, 4, 2 * H, 2 * W, generator=generator),
+        "timestep": torch.full((batch,), 0.6),
+        "encoder_hidden_states": torch.randn(batch, TEXT, 16, generator=generator),
+        "attention_mask": text_valid(batch),
+    }
+
+
+#: Why two cases leave the table's batch check to tests/test_image_more.py.
+SPLIT = "the table's split per sample does not reach into a list of batched tensors (checked in test_image_more.py)"
+
+CASES = (
+    # One double- and two single-stream blocks each.
+    FamilyCase("bria", "bria", tiny_bria, bria_inputs, merged_calls=3, set_attn_processor=False),
+    FamilyCase("ovis_image", "ovis_image", tiny_ovis, ovis_inputs, merged_calls=3, set_attn_processor=False),
+    FamilyCase("bria_fibo", "bria_fibo", tiny_bria_fibo, bria_fibo_inputs, merged_calls=3, set_attn_processor=False,
+               batch_independent=False, why_not_independent=SPLIT),
+    # The refiner block and the two main blocks (the injection block's cross-attention is not merged).
+    FamilyCase("bria_fibo2", "bria_fibo2", tiny_bria_fibo2, bria_fibo2_inputs, merged_calls=3),
+    # The same, a 4 x 4 context image's tokens after the image's, passed through.
+    FamilyCase("bria_fibo2_context", "bria_fibo2", tiny_bria_fibo2,
+               lambda batch=2: bria_fibo2_inputs(batch, context=(8, 8)), merged_calls=3, batch_independent=False,
+               why_not_independent=SPLIT),
+    FamilyCase("glm_image", "glm_image", tiny_glm_image, glm_image_inputs, merged_calls=2, set_attn_processor=False),
+    FamilyCase("ideogram4", "ideogram4", tiny_ideogram4, ideogram4_inputs, merged_calls=2),
+    # The unconditional model's call: the image alone.
+    FamilyCase("ideogram4_unconditional", "ideogram4", tiny_ideogram4, lambda batch=2: ideogram4_inputs(batch, 0),
+               merged_calls=2),
+    FamilyCase("nucleusmoe_image", "nucleusmoe_image", tiny_nucleusmoe, nucleusmoe_inputs, merged_calls=2),
+    FamilyCase("prx", "prx", tiny_prx, prx_inputs, merged_calls=2),
+)  # fmt: skip
