@@ -11,6 +11,8 @@ import pytest
 import torch
 from diffusers.models.attention_processor import Attention
 from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.transformers.transformer_bria import BriaAttention, BriaAttnProcessor
+from diffusers.models.transformers.transformer_bria_fibo import BriaFiboAttention, BriaFiboAttnProcessor
 from diffusers.models.transformers.transformer_flux import (
     FluxAttention,
     FluxAttnProcessor,
@@ -23,11 +25,14 @@ from diffusers.models.transformers.transformer_flux2 import (
     Flux2ParallelSelfAttnProcessor,
 )
 from diffusers.models.transformers.transformer_flux3 import Flux3Attention, Flux3AttnProcessor
+from diffusers.models.transformers.transformer_glm_image import GlmImageAttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageAttnProcessor
 from diffusers.models.transformers.transformer_krea2 import Krea2Attention, Krea2AttnProcessor
 from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttention, LongCatImageAttnProcessor
+from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEAttnProcessor2_0
+from diffusers.models.transformers.transformer_ovis_image import OvisImageAttention, OvisImageAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0, apply_rotary_emb_qwen
 from diffusers.models.transformers.transformer_qwenimage21 import (
     QwenImage21Attention,
@@ -162,6 +167,33 @@ def _qwenimage21(processor: type) -> tuple[torch.nn.Module, object, dict]:
     return QwenImage21Attention(DIM, HEADS, HEAD_DIM), processor(), {"text": False, "qwen21": True}
 
 
+def _flux_like(attention: type, processor: type, single: bool) -> tuple[torch.nn.Module, object, dict]:
+    """Bria's, Bria Fibo's and Ovis-Image's attention: FLUX.1's, with a processor of their own."""
+    joint = {} if single else {"added_kv_proj_dim": DIM, "context_pre_only": False}
+    attn = attention(DIM, heads=HEADS, dim_head=HEAD_DIM, out_dim=DIM, bias=True, pre_only=single, **joint)
+    return attn, processor(), {"text": not single}
+
+
+def _glm_image() -> tuple[torch.nn.Module, object, dict]:
+    """GLM-Image's attention: text then image in one sequence, the tables over the image alone, a mask over the
+    text that the processor spreads over both."""
+    attn = Attention(DIM, heads=HEADS, dim_head=HEAD_DIM, out_dim=DIM, bias=True, qk_norm="layer_norm",
+                     elementwise_affine=False, eps=1e-5)  # fmt: skip
+    return attn, GlmImageAttnProcessor(), {"text": True, "image_only_rotary": True, "mask": True}
+
+
+def _nucleusmoe() -> tuple[torch.nn.Module, object, dict]:
+    """Nucleus-MoE-Image's attention: image queries, image then text keys (two key/value heads), complex
+    `(image, text)` tables; its mask spans the image (ones) then the text."""
+    attn = Attention(DIM, heads=HEADS, kv_heads=1, dim_head=HEAD_DIM, added_kv_proj_dim=DIM, added_proj_bias=False,
+                     out_dim=DIM, out_bias=False, bias=False, qk_norm="rms_norm", eps=1e-6)  # fmt: skip
+    return (
+        attn,
+        NucleusMoEAttnProcessor2_0(),
+        {"text": True, "qwen": True, "image_then_text_mask": True, "image_output_only": True},
+    )
+
+
 PROCESSORS = {
     "flux-joint": _flux_joint,
     "flux-single": _flux_single,
@@ -180,6 +212,13 @@ PROCESSORS = {
     "qwenimage": _qwenimage,
     "qwenimage21": lambda: _qwenimage21(QwenImage21AttnProcessor),
     "qwenimage21-flex": lambda: _qwenimage21(QwenImage21FlexAttnProcessor),
+    "bria-joint": lambda: _flux_like(BriaAttention, BriaAttnProcessor, single=False),
+    "bria-single": lambda: _flux_like(BriaAttention, BriaAttnProcessor, single=True),
+    "bria-fibo-joint": lambda: _flux_like(BriaFiboAttention, BriaFiboAttnProcessor, single=False),
+    "ovis-image-joint": lambda: _flux_like(OvisImageAttention, OvisImageAttnProcessor, single=False),
+    "ovis-image-single": lambda: _flux_like(OvisImageAttention, OvisImageAttnProcessor, single=True),
+    "glm-image": _glm_image,
+    "nucleusmoe-image": _nucleusmoe,
 }
 
 
@@ -215,7 +254,9 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
         extra = {k: [pick(t) for t in v] for k, v in kwargs.items()}
         if parts.get("mask"):
             extra["attention_mask"] = pick(mask)
-        if parts.get("qwen"):
+        if parts.get("image_then_text_mask"):
+            extra["attention_mask"] = pick(torch.cat([torch.ones(batch, ROWS, dtype=torch.bool), mask], dim=1))
+        elif parts.get("qwen"):
             extra["encoder_hidden_states_mask"] = pick(mask)
         if parts.get("qwen21"):
             return processor(attn, pick(image), rotary_emb=rotary, **extra)
@@ -228,7 +269,8 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
         alone = [call(slice(b, b + 1), alone_rotary[b]) for b in range(batch)]
     batched = batched if isinstance(batched, tuple) else (batched,)
     alone = [out if isinstance(out, tuple) else (out,) for out in alone]
-    assert len(batched) == len(alone[0]) == (3 if parts.get("ip") else 2 if parts["text"] else 1)
+    outputs = 3 if parts.get("ip") else 2 if parts["text"] and not parts.get("image_output_only") else 1
+    assert len(batched) == len(alone[0]) == outputs
     for got, *parts_alone in zip(batched, *alone, strict=True):
         torch.testing.assert_close(got, torch.cat(parts_alone), rtol=1e-6, atol=1e-6)
 
