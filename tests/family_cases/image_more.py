@@ -165,7 +165,8 @@ def tiny_glm_image() -> GlmImageTransformer2DModel:
 
 def glm_image_inputs(batch: int = 2) -> dict:
     """As `GlmImagePipeline` calls the model (one guidance branch): the 4-D latent, the glyph text, a prior token per
-    patch, the scheduler's timestep less one, the target size; and a mask over the text (the second prompt padded)."""
+    patch, the scheduler's timestep less one, the image size to make; and a mask over the text (the second prompt
+    padded)."""
     generator = torch.Generator().manual_seed(0)
     return {
         "hidden_states": torch.randn(batch, 4, 2 * H, 2 * W, generator=generator),

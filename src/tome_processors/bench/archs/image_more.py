@@ -113,7 +113,7 @@ def bria_fibo2_inputs(a: ArchInputs) -> dict[str, Any]:
 
 def glm_image_inputs(a: ArchInputs) -> dict[str, Any]:
     """As `GlmImagePipeline` calls the model (one guidance branch): the 4-D latent, the glyph text, a prior token per
-    patch, the scheduler's timestep less one, the target size."""
+    patch, the scheduler's timestep less one, the image size to make (`target_size`)."""
     shape, config = a.shape, a.config
     patch = config.patch_size
     tokens = (shape.height // patch) * (shape.width // patch)
