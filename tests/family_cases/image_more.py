@@ -8,15 +8,21 @@ masks padding).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from diffusers import (
     BriaFibo2Transformer2DModel,
     BriaFiboTransformer2DModel,
+    BriaPipeline,
     BriaTransformer2DModel,
+    FlowMatchEulerDiscreteScheduler,
     GlmImageTransformer2DModel,
     Ideogram4Transformer2DModel,
     NucleusMoEImageTransformer2DModel,
+    OvisImagePipeline,
     OvisImageTransformer2DModel,
+    PRXPipeline,
     PRXTransformer2DModel,
 )
 from diffusers.models.transformers.transformer_ideogram4 import (
@@ -25,8 +31,13 @@ from diffusers.models.transformers.transformer_ideogram4 import (
     OUTPUT_IMAGE_INDICATOR,
     SEQUENCE_PADDING_INDICATOR,
 )
+from transformers import Qwen3Config, Qwen3Model, T5Config, T5EncoderModel, T5GemmaConfig
+from transformers.models.t5gemma.modeling_t5gemma import T5GemmaEncoder
 
-from family_cases import FamilyCase
+from tome_processors.bench.pipelines import write_t5_tokenizer
+
+from family_cases import FamilyCase, PipelineCase
+from test_new_families import tiny_flow_vae, write_qwen_tokenizer
 
 TEXT, H, W = 7, 6, 8
 PADDED = 2  # the second prompt's padding, where the pipeline masks it
@@ -276,13 +287,69 @@ def prx_inputs(batch: int = 2) -> dict:
     }
 
 
+# ---------------------------------------------------------------- pipelines (tiny, offline)
+
+#: One call of each pipeline: 2 steps at 32 x 32 px (64 x 64 where the VAE is 16x), guidance on.
+CALL = dict(prompt="a cat", negative_prompt="dark", num_inference_steps=2, height=32, width=32, output_type="pt")
+
+
+def tiny_t5(folder: Path) -> tuple[T5EncoderModel, object]:
+    """A one-layer T5 encoder of width 16 over single characters."""
+    tokenizer = write_t5_tokenizer(folder)
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    return T5EncoderModel(config).eval(), tokenizer
+
+
+def tiny_bria_pipeline(folder: Path) -> BriaPipeline:
+    """BRIA 3.x's pipeline, random weights: a one-layer T5, a two-level 4-channel VAE (the pipeline counts it 4 px a
+    latent pixel: 32 px are 8 x 8 tokens) and `tiny_bria`. Guidance runs as one batch of both halves."""
+    text_encoder, tokenizer = tiny_t5(folder / "t5")
+    pipe = BriaPipeline(tiny_bria(), FlowMatchEulerDiscreteScheduler(), tiny_flow_vae(4), text_encoder, tokenizer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def tiny_ovis_pipeline(folder: Path) -> OvisImagePipeline:
+    """Ovis-Image's pipeline, random weights: a one-layer Qwen3 over byte tokens, a two-level 4-channel VAE (32 px are
+    8 x 8 tokens) and `tiny_ovis`. Guidance runs as a second call."""
+    tokenizer = write_qwen_tokenizer(folder / "qwen")
+    torch.manual_seed(0)
+    text_encoder = Qwen3Model(
+        Qwen3Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=2, head_dim=8)
+    ).eval()  # fmt: skip
+    pipe = OvisImagePipeline(FlowMatchEulerDiscreteScheduler(), tiny_flow_vae(4), text_encoder, tokenizer, tiny_ovis())
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def tiny_prx_pipeline(folder: Path) -> PRXPipeline:
+    """PRX's pipeline, random weights: a one-layer T5Gemma encoder over single characters, a two-level 4-channel VAE
+    (2 px a latent pixel: 32 px are 8 x 8 tokens of 2 x 2 latent pixels) and `tiny_prx`. Guidance runs as one batch
+    of both halves, the prompts padded to the tokenizer's length and masked."""
+    tokenizer = write_t5_tokenizer(folder / "t5")
+    tokenizer.model_max_length = 16
+    torch.manual_seed(0)
+    encoder = dict(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=8, pad_token_id=0,
+    )  # fmt: skip
+    text_encoder = T5GemmaEncoder(T5GemmaConfig(encoder=encoder, decoder=encoder).encoder).eval()
+    pipe = PRXPipeline(tiny_prx(), FlowMatchEulerDiscreteScheduler(), text_encoder, tokenizer, tiny_flow_vae(4))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 #: Why two cases leave the table's batch check to tests/test_image_more.py.
 SPLIT = "the table's split per sample does not reach into a list of batched tensors (checked in test_image_more.py)"
 
 CASES = (
     # One double- and two single-stream blocks each.
-    FamilyCase("bria", "bria", tiny_bria, bria_inputs, merged_calls=3, set_attn_processor=False),
-    FamilyCase("ovis_image", "ovis_image", tiny_ovis, ovis_inputs, merged_calls=3, set_attn_processor=False),
+    FamilyCase("bria", "bria", tiny_bria, bria_inputs, merged_calls=3, set_attn_processor=False,
+               pipeline=PipelineCase(tiny_bria_pipeline, dict(CALL, max_sequence_length=16), 32, 32)),
+    FamilyCase("ovis_image", "ovis_image", tiny_ovis, ovis_inputs, merged_calls=3, set_attn_processor=False,
+               pipeline=PipelineCase(tiny_ovis_pipeline, dict(CALL, max_sequence_length=16), 32, 32)),
     FamilyCase("bria_fibo", "bria_fibo", tiny_bria_fibo, bria_fibo_inputs, merged_calls=3, set_attn_processor=False,
                batch_independent=False, why_not_independent=SPLIT),
     # The refiner block and the two main blocks (the injection block's cross-attention is not merged).
@@ -297,5 +364,6 @@ CASES = (
     FamilyCase("ideogram4_unconditional", "ideogram4", tiny_ideogram4, lambda batch=2: ideogram4_inputs(batch, 0),
                merged_calls=2),
     FamilyCase("nucleusmoe_image", "nucleusmoe_image", tiny_nucleusmoe, nucleusmoe_inputs, merged_calls=2),
-    FamilyCase("prx", "prx", tiny_prx, prx_inputs, merged_calls=2),
+    FamilyCase("prx", "prx", tiny_prx, prx_inputs, merged_calls=2,
+               pipeline=PipelineCase(tiny_prx_pipeline, dict(CALL, use_resolution_binning=False), 32, 32)),
 )  # fmt: skip

@@ -68,6 +68,9 @@ class BriaFamily(IdsGridFamily):
     ids_position = 4
     timestep_scale = 1.0
     guidance_in_batch = True
+    # `BriaPipeline.vae_scale_factor` counts its 2 x 2 packing in (16: 8 px a latent pixel, 2 x 2 a token).
+    vae_scale_factor = 16
+    pipeline_patch = 1
     defaults = _DEFAULTS
     presets = _PRESETS
 
