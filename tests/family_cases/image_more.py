@@ -12,13 +12,19 @@ from pathlib import Path
 
 import torch
 from diffusers import (
+    AutoencoderKL,
+    AutoencoderKLQwenImage,
+    AutoencoderKLWan,
     BriaFibo2Transformer2DModel,
+    BriaFiboPipeline,
     BriaFiboTransformer2DModel,
     BriaPipeline,
     BriaTransformer2DModel,
     FlowMatchEulerDiscreteScheduler,
+    GlmImagePipeline,
     GlmImageTransformer2DModel,
     Ideogram4Transformer2DModel,
+    NucleusMoEImagePipeline,
     NucleusMoEImageTransformer2DModel,
     OvisImagePipeline,
     OvisImageTransformer2DModel,
@@ -31,13 +37,25 @@ from diffusers.models.transformers.transformer_ideogram4 import (
     OUTPUT_IMAGE_INDICATOR,
     SEQUENCE_PADDING_INDICATOR,
 )
-from transformers import Qwen3Config, Qwen3Model, T5Config, T5EncoderModel, T5GemmaConfig
+from transformers import (
+    ByT5Tokenizer,
+    Qwen3Config,
+    Qwen3Model,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
+    T5Config,
+    T5EncoderModel,
+    T5GemmaConfig,
+)
 from transformers.models.t5gemma.modeling_t5gemma import T5GemmaEncoder
 
 from tome_processors.bench.pipelines import write_t5_tokenizer
 
 from family_cases import FamilyCase, PipelineCase
-from test_new_families import tiny_flow_vae, write_qwen_tokenizer
+from family_cases.qwen_ernie import TextOnlyQwen3VLProcessor
+from test_new_families import Qwen2VLImageProcessor, tiny_flow_vae, write_qwen_tokenizer
 
 TEXT, H, W = 7, 6, 8
 PADDED = 2  # the second prompt's padding, where the pipeline masks it
@@ -341,6 +359,96 @@ def tiny_prx_pipeline(folder: Path) -> PRXPipeline:
     return pipe
 
 
+def tiny_bria_fibo_pipeline(folder: Path) -> BriaFiboPipeline:
+    """Bria FIBO's pipeline, random weights: a two-layer SmolLM3 over byte tokens (its last two layers the prompt's
+    embeddings, its layers the blocks' text), a one-level 16-channel Wan VAE (the pipeline counts 16 px a latent pixel:
+    64 px are 4 x 4 tokens) and `tiny_bria_fibo`. Guidance runs as one batch of both halves: the shorter prompt's
+    padding is masked."""
+    tokenizer = write_qwen_tokenizer(folder / "qwen")
+    torch.manual_seed(0)
+    config = SmolLM3Config(
+        vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    text_encoder = SmolLM3ForCausalLM(config).eval()
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(
+        base_dim=8, z_dim=16, dim_mult=[1, 1], num_res_blocks=1, temperal_downsample=[False],
+        latents_mean=[0.0] * 16, latents_std=[1.0] * 16,
+    ).eval()  # fmt: skip
+    pipe = BriaFiboPipeline(tiny_bria_fibo(), FlowMatchEulerDiscreteScheduler(), vae, text_encoder, tokenizer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def tiny_glm_image_pipeline(folder: Path) -> GlmImagePipeline:
+    """GLM-Image's pipeline, random weights: ByT5's byte tokenizer (no files) and a one-layer T5 as the glyph encoder
+    (it reads the prompt's quoted text), a two-level 4-channel VAE (2 px a latent pixel: 32 px are 8 x 8 tokens of 2 x
+    2 latent pixels) and `tiny_glm_image`. The prior tokens, which GLM-Image's autoregressive model would generate, are
+    given (`prior_token_ids`, one per token): no vision-language model or processor. Guidance runs as a second call."""
+    tokenizer = ByT5Tokenizer()
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2)
+    text_encoder = T5EncoderModel(config).eval()
+    torch.manual_seed(0)
+    vae = AutoencoderKL(
+        block_out_channels=(16, 32), down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, layers_per_block=1, latent_channels=4, norm_num_groups=8,
+        sample_size=32, latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+    ).eval()  # fmt: skip
+    pipe = GlmImagePipeline(
+        tokenizer, None, text_encoder, None, vae, tiny_glm_image(), FlowMatchEulerDiscreteScheduler()
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+#: The chat template Nucleus-MoE-Image's prompt goes through: the system prompt, then the user's text parts.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{{ part['text'] }}{% endfor %}{% endif %}{% endfor %}"
+)
+
+
+def tiny_nucleusmoe_pipeline(folder: Path) -> NucleusMoEImagePipeline:
+    """Nucleus-MoE-Image's pipeline, random weights: a two-layer Qwen3-VL over byte tokens (its last layer tapped:
+    `return_index=-1`), the Qwen-Image VAE at two levels (4 px a latent pixel: 32 px are 4 x 4 tokens of 2 x 2 latent
+    pixels) and `tiny_nucleusmoe`. Guidance runs as a second call, each with its prompt's mask where it is padded."""
+    tokenizer = write_qwen_tokenizer(folder / "qwen3vl")
+    vision_tokens = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": vision_tokens})
+    start, image, end, video = tokenizer.convert_tokens_to_ids(vision_tokens)
+    processor = TextOnlyQwen3VLProcessor(
+        image_processor=Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=56 * 56), tokenizer=tokenizer,
+        chat_template=CHAT_TEMPLATE,
+    )  # fmt: skip
+    text = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                num_key_value_heads=2, head_dim=8, vocab_size=len(tokenizer),
+                rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]})  # fmt: skip
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=16,
+                  deepstack_visual_indexes=[])  # fmt: skip
+    torch.manual_seed(0)
+    config = Qwen3VLConfig(
+        text_config=text, vision_config=vision, image_token_id=image, video_token_id=video,
+        vision_start_token_id=start, vision_end_token_id=end,
+    )  # fmt: skip
+    text_encoder = Qwen3VLForConditionalGeneration(config).eval()
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(
+        base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+        latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+    ).eval()  # fmt: skip
+    pipe = NucleusMoEImagePipeline(tiny_nucleusmoe(), FlowMatchEulerDiscreteScheduler(), vae, text_encoder, processor)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+#: GLM-Image's call: a prompt with quoted text for its glyph encoder, and the prior tokens (8 x 8, the codebook's).
+GLM_CALL = dict(
+    CALL, prompt='a sign saying "hi"', prior_token_ids=torch.arange(64).remainder(32)[None], guidance_scale=2.0
+)
+del GLM_CALL["negative_prompt"]  # (the pipeline's negative prompt is always empty)
+
 #: Why two cases leave the table's batch check to tests/test_image_more.py.
 SPLIT = "the table's split per sample does not reach into a list of batched tensors (checked in test_image_more.py)"
 
@@ -351,19 +459,22 @@ CASES = (
     FamilyCase("ovis_image", "ovis_image", tiny_ovis, ovis_inputs, merged_calls=3, set_attn_processor=False,
                pipeline=PipelineCase(tiny_ovis_pipeline, dict(CALL, max_sequence_length=16), 32, 32)),
     FamilyCase("bria_fibo", "bria_fibo", tiny_bria_fibo, bria_fibo_inputs, merged_calls=3, set_attn_processor=False,
-               batch_independent=False, why_not_independent=SPLIT),
+               batch_independent=False, why_not_independent=SPLIT,
+               pipeline=PipelineCase(tiny_bria_fibo_pipeline, dict(CALL, height=64, width=64), 64, 64)),
     # The refiner block and the two main blocks (the injection block's cross-attention is not merged).
     FamilyCase("bria_fibo2", "bria_fibo2", tiny_bria_fibo2, bria_fibo2_inputs, merged_calls=3),
     # The same, a 4 x 4 context image's tokens after the image's, passed through.
     FamilyCase("bria_fibo2_context", "bria_fibo2", tiny_bria_fibo2,
                lambda batch=2: bria_fibo2_inputs(batch, context=(8, 8)), merged_calls=3, batch_independent=False,
                why_not_independent=SPLIT),
-    FamilyCase("glm_image", "glm_image", tiny_glm_image, glm_image_inputs, merged_calls=2, set_attn_processor=False),
+    FamilyCase("glm_image", "glm_image", tiny_glm_image, glm_image_inputs, merged_calls=2, set_attn_processor=False,
+               pipeline=PipelineCase(tiny_glm_image_pipeline, GLM_CALL, 32, 32)),
     FamilyCase("ideogram4", "ideogram4", tiny_ideogram4, ideogram4_inputs, merged_calls=2),
     # The unconditional model's call: the image alone.
     FamilyCase("ideogram4_unconditional", "ideogram4", tiny_ideogram4, lambda batch=2: ideogram4_inputs(batch, 0),
                merged_calls=2),
-    FamilyCase("nucleusmoe_image", "nucleusmoe_image", tiny_nucleusmoe, nucleusmoe_inputs, merged_calls=2),
+    FamilyCase("nucleusmoe_image", "nucleusmoe_image", tiny_nucleusmoe, nucleusmoe_inputs, merged_calls=2,
+               pipeline=PipelineCase(tiny_nucleusmoe_pipeline, dict(CALL, return_index=-1), 32, 32)),
     FamilyCase("prx", "prx", tiny_prx, prx_inputs, merged_calls=2,
                pipeline=PipelineCase(tiny_prx_pipeline, dict(CALL, use_resolution_binning=False), 32, 32)),
 )  # fmt: skip
