@@ -13,8 +13,10 @@ from pathlib import Path
 import torch
 from diffusers import (
     AutoencoderKL,
+    AutoencoderKLFlux2,
     AutoencoderKLQwenImage,
     AutoencoderKLWan,
+    BriaFibo2Pipeline,
     BriaFibo2Transformer2DModel,
     BriaFiboPipeline,
     BriaFiboTransformer2DModel,
@@ -414,7 +416,20 @@ def tiny_nucleusmoe_pipeline(folder: Path) -> NucleusMoEImagePipeline:
     """Nucleus-MoE-Image's pipeline, random weights: a two-layer Qwen3-VL over byte tokens (its last layer tapped:
     `return_index=-1`), the Qwen-Image VAE at two levels (4 px a latent pixel: 32 px are 4 x 4 tokens of 2 x 2 latent
     pixels) and `tiny_nucleusmoe`. Guidance runs as a second call, each with its prompt's mask where it is padded."""
-    tokenizer = write_qwen_tokenizer(folder / "qwen3vl")
+    text_encoder, processor = tiny_qwen3vl(folder / "qwen3vl", hidden=16, layers=2)
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(
+        base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+        latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+    ).eval()  # fmt: skip
+    pipe = NucleusMoEImagePipeline(tiny_nucleusmoe(), FlowMatchEulerDiscreteScheduler(), vae, text_encoder, processor)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def tiny_qwen3vl(folder: Path, hidden: int, layers: int) -> tuple[Qwen3VLForConditionalGeneration, object]:
+    """A Qwen3-VL of `layers` layers of width `hidden` over byte tokens, and its text-only processor."""
+    tokenizer = write_qwen_tokenizer(folder)
     vision_tokens = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
     tokenizer.add_special_tokens({"additional_special_tokens": vision_tokens})
     start, image, end, video = tokenizer.convert_tokens_to_ids(vision_tokens)
@@ -422,23 +437,32 @@ def tiny_nucleusmoe_pipeline(folder: Path) -> NucleusMoEImagePipeline:
         image_processor=Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=56 * 56), tokenizer=tokenizer,
         chat_template=CHAT_TEMPLATE,
     )  # fmt: skip
-    text = dict(hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+    text = dict(hidden_size=hidden, intermediate_size=16, num_hidden_layers=layers, num_attention_heads=2,
                 num_key_value_heads=2, head_dim=8, vocab_size=len(tokenizer),
                 rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]})  # fmt: skip
-    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=16,
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=hidden,
                   deepstack_visual_indexes=[])  # fmt: skip
     torch.manual_seed(0)
     config = Qwen3VLConfig(
         text_config=text, vision_config=vision, image_token_id=image, video_token_id=video,
         vision_start_token_id=start, vision_end_token_id=end,
     )  # fmt: skip
-    text_encoder = Qwen3VLForConditionalGeneration(config).eval()
+    return Qwen3VLForConditionalGeneration(config).eval(), processor
+
+
+def tiny_bria_fibo2_pipeline(folder: Path) -> BriaFibo2Pipeline:
+    """Bria Fibo 2.0's pipeline, random weights: a two-layer Qwen3-VL of width 8 over byte tokens (two bundles of three
+    of its layers: the Perceiver's and the injection block's 24-wide text), FLUX.2's VAE at two levels (2 px a latent
+    pixel: 32 px are 8 x 8 tokens of 2 x 2 latent pixels) and `tiny_bria_fibo2`. Guidance runs as a second call."""
+    text_encoder, processor = tiny_qwen3vl(folder / "qwen3vl", hidden=8, layers=2)
     torch.manual_seed(0)
-    vae = AutoencoderKLQwenImage(
-        base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
-        latents_mean=[0.0] * 4, latents_std=[1.0] * 4,
+    vae = AutoencoderKLFlux2(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(4, 4), layers_per_block=1, latent_channels=4,
+        norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
     ).eval()  # fmt: skip
-    pipe = NucleusMoEImagePipeline(tiny_nucleusmoe(), FlowMatchEulerDiscreteScheduler(), vae, text_encoder, processor)
+    pipe = BriaFibo2Pipeline(tiny_bria_fibo2(), FlowMatchEulerDiscreteScheduler(), vae, text_encoder, processor)
+    pipe.text_encoder_out_layers = ((0, 1, 2), (2, 1, 0))
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -462,7 +486,8 @@ CASES = (
                batch_independent=False, why_not_independent=SPLIT,
                pipeline=PipelineCase(tiny_bria_fibo_pipeline, dict(CALL, height=64, width=64), 64, 64)),
     # The refiner block and the two main blocks (the injection block's cross-attention is not merged).
-    FamilyCase("bria_fibo2", "bria_fibo2", tiny_bria_fibo2, bria_fibo2_inputs, merged_calls=3),
+    FamilyCase("bria_fibo2", "bria_fibo2", tiny_bria_fibo2, bria_fibo2_inputs, merged_calls=3,
+               pipeline=PipelineCase(tiny_bria_fibo2_pipeline, dict(CALL, guidance_scale=2.0), 32, 32)),
     # The same, a 4 x 4 context image's tokens after the image's, passed through.
     FamilyCase("bria_fibo2_context", "bria_fibo2", tiny_bria_fibo2,
                lambda batch=2: bria_fibo2_inputs(batch, context=(8, 8)), merged_calls=3, batch_independent=False,
