@@ -25,6 +25,7 @@ from diffusers import (
     FlowMatchEulerDiscreteScheduler,
     GlmImagePipeline,
     GlmImageTransformer2DModel,
+    Ideogram4Pipeline,
     Ideogram4Transformer2DModel,
     NucleusMoEImagePipeline,
     NucleusMoEImageTransformer2DModel,
@@ -45,6 +46,7 @@ from transformers import (
     Qwen3Model,
     Qwen3VLConfig,
     Qwen3VLForConditionalGeneration,
+    Qwen3VLModel,
     SmolLM3Config,
     SmolLM3ForCausalLM,
     T5Config,
@@ -214,12 +216,12 @@ def glm_image_inputs(batch: int = 2) -> dict:
 # ---------------------------------------------------------------- Ideogram 4
 
 
-def tiny_ideogram4() -> Ideogram4Transformer2DModel:
+def tiny_ideogram4(llm_features_dim: int = 24) -> Ideogram4Transformer2DModel:
     """diffusers' test configuration: two blocks of 4 heads of 8."""
     torch.manual_seed(0)
     return Ideogram4Transformer2DModel(
         in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4, intermediate_size=32, adaln_dim=16,
-        llm_features_dim=24, rope_theta=10_000, mrope_section=(2, 1, 1), norm_eps=1e-5,
+        llm_features_dim=llm_features_dim, rope_theta=10_000, mrope_section=(2, 1, 1), norm_eps=1e-5,
     ).eval()  # fmt: skip
 
 
@@ -467,6 +469,44 @@ def tiny_bria_fibo2_pipeline(folder: Path) -> BriaFibo2Pipeline:
     return pipe
 
 
+def tiny_ideogram4_pipeline(folder: Path) -> Ideogram4Pipeline:
+    """Ideogram 4's pipeline, random weights: a Qwen3-VL text model of 36 layers of width 8 over byte tokens (the
+    pipeline taps 13 of them: 104-wide text features), FLUX.2's VAE at two levels (2 px a latent pixel: 32 px are 8 x 8
+    tokens of 2 x 2 latent pixels), and `tiny_ideogram4` twice: the conditional model (over 16 text slots and the image)
+    and the unconditional one (the image alone), which `apply_tome(pipe)` leaves as it is (it is no `transformer`)."""
+    tokenizer = write_qwen_tokenizer(folder / "qwen3vl")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    text = dict(
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=36,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=8,
+        vocab_size=len(tokenizer),
+        rope_scaling={"rope_type": "default", "mrope_section": [1, 1, 2]},
+    )
+    vision = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=8,
+                  deepstack_visual_indexes=[])  # fmt: skip
+    torch.manual_seed(0)
+    text_encoder = Qwen3VLModel(Qwen3VLConfig(text_config=text, vision_config=vision)).eval()
+    torch.manual_seed(0)
+    vae = AutoencoderKLFlux2(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(4, 4), layers_per_block=1, latent_channels=4,
+        norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False,
+    ).eval()  # fmt: skip
+    pipe = Ideogram4Pipeline(
+        FlowMatchEulerDiscreteScheduler(), vae, text_encoder, tokenizer, tiny_ideogram4(104), tiny_ideogram4(104)
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+#: Ideogram 4's call: a constant guidance scale (its default schedule is the 48 steps'), no negative prompt.
+IDEOGRAM4_CALL = dict(CALL, guidance_scale=2.0, guidance_schedule=None, max_sequence_length=16)
+del IDEOGRAM4_CALL["negative_prompt"]
+
 #: GLM-Image's call: a prompt with quoted text for its glyph encoder, and the prior tokens (8 x 8, the codebook's).
 GLM_CALL = dict(
     CALL, prompt='a sign saying "hi"', prior_token_ids=torch.arange(64).remainder(32)[None], guidance_scale=2.0
@@ -494,7 +534,8 @@ CASES = (
                why_not_independent=SPLIT),
     FamilyCase("glm_image", "glm_image", tiny_glm_image, glm_image_inputs, merged_calls=2, set_attn_processor=False,
                pipeline=PipelineCase(tiny_glm_image_pipeline, GLM_CALL, 32, 32)),
-    FamilyCase("ideogram4", "ideogram4", tiny_ideogram4, ideogram4_inputs, merged_calls=2),
+    FamilyCase("ideogram4", "ideogram4", tiny_ideogram4, ideogram4_inputs, merged_calls=2,
+               pipeline=PipelineCase(tiny_ideogram4_pipeline, IDEOGRAM4_CALL, 32, 32)),
     # The unconditional model's call: the image alone.
     FamilyCase("ideogram4_unconditional", "ideogram4", tiny_ideogram4, lambda batch=2: ideogram4_inputs(batch, 0),
                merged_calls=2),
