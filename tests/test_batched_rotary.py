@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers.models.attention_processor import Attention
+from diffusers.models.attention_processor import Attention, CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_bria import BriaAttention, BriaAttnProcessor
 from diffusers.models.transformers.transformer_bria_fibo import BriaFiboAttention, BriaFiboAttnProcessor
+from diffusers.models.transformers.transformer_cogview4 import CogView4AttnProcessor
 from diffusers.models.transformers.transformer_flux import (
     FluxAttention,
     FluxAttnProcessor,
@@ -139,6 +140,16 @@ def _hunyuanvideo(single: bool, processor: type = HunyuanVideoAttnProcessor2_0) 
     return attn, processor(), {"text": True, "image_only_rotary": True, **extra}
 
 
+def _cog(processor: type) -> tuple[torch.nn.Module, object, dict]:
+    """The CogVideoX lineage's joint attention (text then image in one sequence), its tables over the image alone
+    (its projections fused with `FusedCogVideoXAttnProcessor2_0`); CogView 4's with its mask over the text."""
+    attn = Attention(DIM, dim_head=HEAD_DIM, heads=HEADS, out_dim=DIM, bias=True, qk_norm="layer_norm", eps=1e-6)
+    if processor is FusedCogVideoXAttnProcessor2_0:
+        attn.fuse_projections()
+    extra = {"mask": True} if processor is CogView4AttnProcessor else {}
+    return attn, processor(), {"text": True, "image_only_rotary": True, **extra}
+
+
 def _qwenimage() -> tuple[torch.nn.Module, object, dict]:
     """Qwen-Image's joint attention: its complex image table over the image alone, a text table of its own."""
     attn = Attention(DIM, added_kv_proj_dim=DIM, dim_head=HEAD_DIM, heads=HEADS, out_dim=DIM, context_pre_only=False,
@@ -210,6 +221,9 @@ PROCESSORS = {
     "hunyuanimage-double": lambda: _hunyuanvideo(single=False, processor=HunyuanImageAttnProcessor),
     "hunyuanimage-single": lambda: _hunyuanvideo(single=True, processor=HunyuanImageAttnProcessor),
     "qwenimage": _qwenimage,
+    "cogvideox": lambda: _cog(CogVideoXAttnProcessor2_0),
+    "cogvideox-fused": lambda: _cog(FusedCogVideoXAttnProcessor2_0),
+    "cogview4": lambda: _cog(CogView4AttnProcessor),
     "qwenimage21": lambda: _qwenimage21(QwenImage21AttnProcessor),
     "qwenimage21-flex": lambda: _qwenimage21(QwenImage21FlexAttnProcessor),
     "bria-joint": lambda: _flux_like(BriaAttention, BriaAttnProcessor, single=False),

@@ -20,8 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
 from diffusers.models.transformers.transformer_bria import BriaAttnProcessor
 from diffusers.models.transformers.transformer_bria_fibo import BriaFiboAttnProcessor
+from diffusers.models.transformers.transformer_cogview4 import CogView4AttnProcessor
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
 from diffusers.models.transformers.transformer_flux3 import Flux3AttnProcessor
@@ -40,11 +42,16 @@ __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sa
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
 #: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1, Bria, Bria Fibo,
-#: Ovis-Image, GLM-Image) or `apply_rotary_emb_qwen(x, table, use_real=False)` and its like, `table.unsqueeze(1)`
-#: (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole batch at once: the first step's call stores the
-#: batch's keys and values in its cache; Nucleus-MoE-Image). Exact types: a subclass may read the table some other way.
+#: Ovis-Image, GLM-Image) or its default `sequence_dim=2` (CogVideoX, ConsisID and CogView 3 Plus, fused or not;
+#: CogView 4, `use_real_unbind_dim=-2`) or `apply_rotary_emb_qwen(x, table, use_real=False)` and its like,
+#: `table.unsqueeze(1)` (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole batch at once: the first step's
+#: call stores the batch's keys and values in its cache; Nucleus-MoE-Image). Exact types: a subclass may read the table
+#: some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
+        CogVideoXAttnProcessor2_0,
+        CogView4AttnProcessor,
+        FusedCogVideoXAttnProcessor2_0,
         FluxAttnProcessor,
         FluxIPAdapterAttnProcessor,
         Flux2AttnProcessor,
@@ -133,9 +140,10 @@ def sample_tables(rotary: Any, row_token: torch.Tensor, follow: int | None = Non
     """
     every = _tables(rotary)
     follow = len(every) if follow is None else follow
-    row_token = row_token.to(every[0].device)
-    # One row lookup per table (`embedding`: one kernel, complex tables too) for the whole batch.
-    tables = [SampleTables(torch.nn.functional.embedding(row_token, t)) for t in every[:follow]] + every[follow:]
+    # One row lookup per table (`embedding`: one kernel, complex tables too) for the whole batch, on the merge's
+    # device: CogView 4 builds its tables on the host, and the merged rows' positions stay where they were made.
+    gathered = [torch.nn.functional.embedding(row_token, t.to(row_token.device)) for t in every[:follow]]
+    tables = [SampleTables(t) for t in gathered] + every[follow:]
     return type(rotary)(tables) if isinstance(rotary, (tuple, list)) else tables[0]
 
 

@@ -214,8 +214,9 @@ def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge, after: int = 0)
     if kept[1] is not None:
         return kept[1]
     tables = _rotary_tables(rotary)
-    follow = _gathered(spec, tables)
-    row_token = _positions(merge, after).to(tables[0].device)
+    row_token = _positions(merge, after)
+    # Gathered on the merge's device, where tables made on the host (CogView 4's) go: no read back of the positions.
+    follow = [t.to(row_token.device) for t in _gathered(spec, tables)]
     if spec.batched:  # (B, S, D) tables: one lookup along the sequence for the whole batch
         samples = sample_index(merge.batch, row_token.device)
         # A table of batch 1 serves every sample: each sample's rows are gathered from it.

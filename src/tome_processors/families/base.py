@@ -131,11 +131,14 @@ class BlockSite:
         if self.sequence_first and self.span is Span.WHOLE:
             raise ValueError("Expected a span other than Span.WHOLE on a sequence-first block, but got Span.WHOLE.")
 
-    def metric(self, hidden_states: torch.Tensor, grid_tokens: int, tail: int = 0) -> torch.Tensor:
-        """The grid's `grid_tokens` tokens of the block input `hidden_states` `(B, S, C)` (a view).
+    def metric(
+        self, hidden_states: torch.Tensor, grid_tokens: int, tail: int = 0, sharded: bool = False
+    ) -> torch.Tensor:
+        """The grid's `grid_tokens` tokens (every frame's) of the block input `hidden_states` `(B, S, C)` (a view).
 
         `tail`: tokens after the grid's in a `Span.TRAILING` input (`ModelState.tail`: FLUX.2's reference
-        images, which follow the text and the generated image's tokens).
+        images, which follow the text and the generated image's tokens). `sharded`: the forward runs under
+        context parallelism, `grid_tokens` being this rank's run (a site whose input splits otherwise can say so).
 
         Example:
             >>> site = BlockSite(torch.nn.Identity(), (), None, Span.TRAILING)
@@ -219,6 +222,17 @@ def mask_where(mask_at: int | tuple[int, str]) -> tuple[int, str]:
         ((1, 'attention_mask'), (0, 'hidden_states_masks'))
     """
     return mask_at if isinstance(mask_at, tuple) else (mask_at, "attention_mask")
+
+
+def is_attention_module(module: torch.nn.Module) -> bool:
+    """Whether `module` is an attention module that holds a processor: `Attention` (UNets, PixArt, SD3) or one of the
+    newer `AttentionModuleMixin` modules (`FluxAttention`, ...).
+
+    Example:
+        >>> is_attention_module(Attention(query_dim=8)), is_attention_module(torch.nn.Linear(1, 1))
+        (True, False)
+    """
+    return isinstance(module, (Attention, AttentionModuleMixin)) and hasattr(module, "processor")
 
 
 def is_mergeable_attention(attn: Any) -> bool:
