@@ -16,6 +16,8 @@ from diffusers.models.attention_processor import (
     HunyuanAttnProcessor2_0,
 )
 from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.transformers.transformer_bria import BriaAttention, BriaAttnProcessor
+from diffusers.models.transformers.transformer_bria_fibo import BriaFiboAttention, BriaFiboAttnProcessor
 from diffusers.models.transformers.transformer_cogview4 import CogView4AttnProcessor
 from diffusers.models.transformers.transformer_flux import (
     FluxAttention,
@@ -29,6 +31,7 @@ from diffusers.models.transformers.transformer_flux2 import (
     Flux2ParallelSelfAttnProcessor,
 )
 from diffusers.models.transformers.transformer_flux3 import Flux3Attention, Flux3AttnProcessor
+from diffusers.models.transformers.transformer_glm_image import GlmImageAttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageAttnProcessor
@@ -36,7 +39,9 @@ from diffusers.models.transformers.transformer_joyimage import JoyImageAttention
 from diffusers.models.transformers.transformer_krea2 import Krea2Attention, Krea2AttnProcessor
 from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttention, LongCatImageAttnProcessor
 from diffusers.models.transformers.transformer_motif_video import MotifVideoAttention, MotifVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEAttnProcessor2_0
 from diffusers.models.transformers.transformer_omnigen import OmniGenAttnProcessor2_0
+from diffusers.models.transformers.transformer_ovis_image import OvisImageAttention, OvisImageAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0, apply_rotary_emb_qwen
 from diffusers.models.transformers.transformer_qwenimage21 import (
     QwenImage21Attention,
@@ -208,6 +213,33 @@ def _hunyuandit(cross: bool) -> tuple[torch.nn.Module, object, dict]:
     return attn, HunyuanAttnProcessor2_0(), {"text": cross, "image_only_rotary": True, "image_out": True}
 
 
+def _flux_like(attention: type, processor: type, single: bool) -> tuple[torch.nn.Module, object, dict]:
+    """Bria's, Bria Fibo's and Ovis-Image's attention: FLUX.1's, with a processor of their own."""
+    joint = {} if single else {"added_kv_proj_dim": DIM, "context_pre_only": False}
+    attn = attention(DIM, heads=HEADS, dim_head=HEAD_DIM, out_dim=DIM, bias=True, pre_only=single, **joint)
+    return attn, processor(), {"text": not single}
+
+
+def _glm_image() -> tuple[torch.nn.Module, object, dict]:
+    """GLM-Image's attention: text then image in one sequence, the tables over the image alone, a mask over the
+    text that the processor spreads over both."""
+    attn = Attention(DIM, heads=HEADS, dim_head=HEAD_DIM, out_dim=DIM, bias=True, qk_norm="layer_norm",
+                     elementwise_affine=False, eps=1e-5)  # fmt: skip
+    return attn, GlmImageAttnProcessor(), {"text": True, "image_only_rotary": True, "mask": True}
+
+
+def _nucleusmoe() -> tuple[torch.nn.Module, object, dict]:
+    """Nucleus-MoE-Image's attention: image queries, image then text keys (two key/value heads), complex
+    `(image, text)` tables; its mask spans the image (ones) then the text."""
+    attn = Attention(DIM, heads=HEADS, kv_heads=1, dim_head=HEAD_DIM, added_kv_proj_dim=DIM, added_proj_bias=False,
+                     out_dim=DIM, out_bias=False, bias=False, qk_norm="rms_norm", eps=1e-6)  # fmt: skip
+    return (
+        attn,
+        NucleusMoEAttnProcessor2_0(),
+        {"text": True, "qwen": True, "image_then_text_mask": True, "image_output_only": True},
+    )
+
+
 PROCESSORS = {
     "flux-joint": _flux_joint,
     "flux-single": _flux_single,
@@ -235,6 +267,13 @@ PROCESSORS = {
     "motif-video-double": lambda: _motif_video(single=False),
     "motif-video-single": lambda: _motif_video(single=True),
     "omnigen": _omnigen,
+    "bria-joint": lambda: _flux_like(BriaAttention, BriaAttnProcessor, single=False),
+    "bria-single": lambda: _flux_like(BriaAttention, BriaAttnProcessor, single=True),
+    "bria-fibo-joint": lambda: _flux_like(BriaFiboAttention, BriaFiboAttnProcessor, single=False),
+    "ovis-image-joint": lambda: _flux_like(OvisImageAttention, OvisImageAttnProcessor, single=False),
+    "ovis-image-single": lambda: _flux_like(OvisImageAttention, OvisImageAttnProcessor, single=True),
+    "glm-image": _glm_image,
+    "nucleusmoe-image": _nucleusmoe,
 }
 
 
@@ -274,7 +313,9 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
         extra = {k: [pick(t) for t in v] for k, v in kwargs.items()}
         if parts.get("mask"):
             extra["attention_mask"] = pick(mask)
-        if parts.get("qwen"):
+        if parts.get("image_then_text_mask"):
+            extra["attention_mask"] = pick(torch.cat([torch.ones(batch, ROWS, dtype=torch.bool), mask], dim=1))
+        elif parts.get("qwen"):
             extra["encoder_hidden_states_mask"] = pick(mask)
         if parts.get("qwen21"):
             return processor(attn, pick(image), rotary_emb=rotary, **extra)
@@ -289,7 +330,8 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
         alone = [call(slice(b, b + 1), alone_rotary[b]) for b in range(batch)]
     batched = batched if isinstance(batched, tuple) else (batched,)
     alone = [out if isinstance(out, tuple) else (out,) for out in alone]
-    outputs = 3 if parts.get("ip") else 2 if parts["text"] and not parts.get("image_out") else 1
+    one_output = parts.get("image_out") or parts.get("image_output_only")  # the image's output alone
+    outputs = 3 if parts.get("ip") else 2 if parts["text"] and not one_output else 1
     assert len(batched) == len(alone[0]) == outputs
     for got, *parts_alone in zip(batched, *alone, strict=True):
         torch.testing.assert_close(got, torch.cat(parts_alone), rtol=1e-6, atol=1e-6)

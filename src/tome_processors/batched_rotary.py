@@ -26,10 +26,13 @@ from diffusers.models.attention_processor import (
     FusedCogVideoXAttnProcessor2_0,
     HunyuanAttnProcessor2_0,
 )
+from diffusers.models.transformers.transformer_bria import BriaAttnProcessor
+from diffusers.models.transformers.transformer_bria_fibo import BriaFiboAttnProcessor
 from diffusers.models.transformers.transformer_cogview4 import CogView4AttnProcessor
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
 from diffusers.models.transformers.transformer_flux3 import Flux3AttnProcessor
+from diffusers.models.transformers.transformer_glm_image import GlmImageAttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageAttnProcessor
@@ -37,19 +40,22 @@ from diffusers.models.transformers.transformer_joyimage import JoyImageAttnProce
 from diffusers.models.transformers.transformer_krea2 import Krea2AttnProcessor
 from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttnProcessor
 from diffusers.models.transformers.transformer_motif_video import MotifVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEAttnProcessor2_0
 from diffusers.models.transformers.transformer_omnigen import OmniGenAttnProcessor2_0
+from diffusers.models.transformers.transformer_ovis_image import OvisImageAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21AttnProcessor, QwenImage21FlexAttnProcessor
 
 __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
-#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1, Motif-Video) or
-#: its default `sequence_dim=2` (CogVideoX, ConsisID and CogView 3 Plus, fused or not; CogView 4,
-#: `use_real_unbind_dim=-2`; OmniGen; Hunyuan-DiT's `HunyuanAttnProcessor2_0`), `apply_rotary_emb_qwen(x, table,
-#: use_real=False)` (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole batch at once: the first step's
-#: call stores the batch's keys and values in its cache), or `table.view(1, S, 1, D)` (JoyImage-Edit). Exact types: a
-#: subclass may read the table some other way.
+#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1, Motif-Video,
+#: Bria, Bria Fibo, Ovis-Image, GLM-Image) or its default `sequence_dim=2` (CogVideoX, ConsisID and CogView 3 Plus,
+#: fused or not; CogView 4, `use_real_unbind_dim=-2`; OmniGen; Hunyuan-DiT's `HunyuanAttnProcessor2_0`),
+#: `apply_rotary_emb_qwen(x, table, use_real=False)` and its like, `table.unsqueeze(1)` (Qwen-Image, Qwen-Image 2.1,
+#: whose processors must see the whole batch at once: the first step's call stores the batch's keys and values in its
+#: cache; Nucleus-MoE-Image), or `table.view(1, S, 1, D)` (JoyImage-Edit). Exact types: a subclass may read the table
+#: some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
         CogVideoXAttnProcessor2_0,
@@ -72,6 +78,11 @@ SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
         QwenDoubleStreamAttnProcessor2_0,
         QwenImage21AttnProcessor,
         QwenImage21FlexAttnProcessor,
+        BriaAttnProcessor,
+        BriaFiboAttnProcessor,
+        OvisImageAttnProcessor,
+        GlmImageAttnProcessor,
+        NucleusMoEAttnProcessor2_0,
     }
 )
 

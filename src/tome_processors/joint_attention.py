@@ -218,9 +218,13 @@ def _rotary_fits(spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, n
     spec, rotary, _ = _image_part(spec, rotary)
     tables = _gathered(spec, _rotary_tables(rotary))
     if spec.batched:  # (B or 1, S, ...): Z-Image's (B, S, D/2), ERNIE-Image's (B, S, 1, D), HiDream's (B, S, 1, D/2, 2,
-        # 2), Helios's (1, S, 2D) for the whole batch
+        # 2), Helios's (1, S, 2D) for the whole batch; PRX's (B, 1, S, D/2, 2, 2) (`Rotary.sequence_dim` 2)
+        dim = spec.sequence_dim
         return all(
-            isinstance(t, torch.Tensor) and t.ndim >= 3 and t.shape[0] in (1, batch) and t.shape[1] == num_positions
+            isinstance(t, torch.Tensor)
+            and t.ndim >= max(3, dim + 1)
+            and t.shape[0] in (1, batch)
+            and t.shape[dim] == num_positions
             for t in tables
         )
     return all(isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape[0] == num_positions for t in tables)
@@ -263,7 +267,7 @@ def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge, after: int = 0)
         samples = sample_index(merge.batch, row_token.device)
         # A table of batch 1 serves every sample: each sample's rows are gathered from it.
         alone = sample_index(merge.batch, row_token.device, alike=True)
-        gathered = [t[samples if t.shape[0] == merge.batch else alone, row_token] for t in follow]
+        gathered = [_gathered_rows(t, samples if t.shape[0] == merge.batch else alone, row_token, spec) for t in follow]
         per_call = [_rebuilt(rotary, gathered + tables[len(follow) :])]
     else:
         per_call = []
@@ -272,6 +276,21 @@ def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge, after: int = 0)
             per_call.append(_rebuilt(rotary, sample_tables_ + tables[len(follow) :]))
     kept[1] = per_call
     return per_call
+
+
+def _gathered_rows(table: torch.Tensor, samples: torch.Tensor, row_token: torch.Tensor, spec: Rotary) -> torch.Tensor:
+    """A batched table's rows at `row_token` `(B, M)` for each of `samples` `(B, 1)`, along its token axis
+    (`Rotary.sequence_dim`: a head axis ahead of the tokens is brought behind them for the lookup, then put back).
+
+    Example:
+        >>> table = torch.arange(6.0).view(1, 1, 3, 2)  # (B, 1, S, D): PRX's layout, one sample
+        >>> _gathered_rows(table, torch.zeros(1, 1, dtype=torch.long), torch.tensor([[2, 0]]), Rotary(sequence_dim=2))
+        tensor([[[[4., 5.],
+                  [0., 1.]]]])
+    """
+    if spec.sequence_dim == 1:
+        return table[samples, row_token]
+    return table.movedim(spec.sequence_dim, 1)[samples, row_token].movedim(1, spec.sequence_dim)
 
 
 def _batched_rotary(spec: Rotary, rotary: Any, merge: TokenMerge, after: int = 0) -> Any:

@@ -58,6 +58,16 @@ from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .fluxlike import Flux3Family, Krea2Family, LongCatImageFamily
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
 from .hyimage_hidream import HiDreamImageFamily, HunyuanImageFamily
+from .image_more import (
+    BriaFamily,
+    BriaFibo2Family,
+    BriaFiboFamily,
+    GlmImageFamily,
+    Ideogram4Family,
+    NucleusMoEImageFamily,
+    OvisImageFamily,
+    PRXFamily,
+)
 from .kandinsky import REFUSED as _KANDINSKY_REFUSED
 from .kandinsky import Kandinsky5Family, Kandinsky6Family, KandinskyFamily
 from .ltx import LTXVideoFamily
@@ -154,6 +164,14 @@ __all__ = [
     "HunyuanVideoFramepackFamily",
     "Lumina2Family",
     "LuminaNextFamily",
+    "BriaFamily",
+    "BriaFibo2Family",
+    "BriaFiboFamily",
+    "GlmImageFamily",
+    "Ideogram4Family",
+    "NucleusMoEImageFamily",
+    "OvisImageFamily",
+    "PRXFamily",
 ]
 
 
@@ -206,6 +224,14 @@ _OWN: dict[str, type[Family]] = {
         DiTFamily,
         HunyuanDiTFamily,
         HunyuanVideoFramepackFamily,
+        BriaFamily,
+        BriaFiboFamily,
+        BriaFibo2Family,
+        GlmImageFamily,
+        Ideogram4Family,
+        NucleusMoEImageFamily,
+        PRXFamily,
+        OvisImageFamily,
         SVDFamily,
         UNetFamily,
     )

@@ -89,6 +89,9 @@ class Rotary:
         heads_axis: True where each table is `(1, 1, N, ...)`, a batch and a heads axis ahead of the tokens', for
             the whole batch (AnyFlow's complex `(1, 1, N, D/2)`): gathered, `(B, 1, M, ...)`. `Layout.ROTARY` with
             `pair=False` only.
+        sequence_dim: with `batched`, the tables' token axis: 1 for `(B, S, ...)`; 2 where a head axis comes
+            first, `(B, 1, S, ...)` (PRX's one tensor of 2x2 rotations, `(B, 1, N, D/2, 2, 2)`). Joint layouts
+            only.
     """
 
     name: str = "image_rotary_emb"
@@ -102,6 +105,7 @@ class Rotary:
     nested: bool = False
     entries: tuple[str, ...] = ()
     heads_axis: bool = False
+    sequence_dim: int = 1
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,12 @@ class IdsGridFamily(Family):
         `num_tokens` image-token inputs: all of them on families whose ids cover the image input alone."""
         return ids[0] if ids.ndim == 3 else ids
 
+    def grid_of_image_ids(self, ids: torch.Tensor, num_tokens: int) -> tuple[int, int] | None:
+        """`(h, w)` of the grid that `ids` (`image_ids`' rows) number for the model's `num_tokens` image-token
+        inputs: one row per token, row-major (`grid_from_ids`), on every family but those whose image input holds
+        other tokens too (Ideogram 4's packed sequence). Read on the host once per ids tensor (`_read_grid`)."""
+        return grid_from_ids(ids, num_tokens)
+
     def _read_grid(self, model: torch.nn.Module, ids: torch.Tensor, num_tokens: int) -> tuple[int, int] | None:
         given = ids  # the object the pipeline passes every step (a 3-D one is sliced below)
         last = self._last
@@ -103,7 +109,7 @@ class IdsGridFamily(Family):
         if last is not None and last[0]() is given and last[1:3] == (version, num_tokens):
             return last[3]
         ids = self.image_ids(ids, num_tokens)
-        grid = grid_from_ids(ids, num_tokens)
+        grid = self.grid_of_image_ids(ids, num_tokens)
         if grid is None and self.reference_tail:
             grid = leading_grid_from_ids(ids, num_tokens, self.generated_time)
         self._last = (weakref.ref(given), version, num_tokens, grid)
