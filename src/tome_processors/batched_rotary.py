@@ -8,7 +8,9 @@ would not broadcast. `SampleTables` holds `(B, S, D)` and answers those two view
 `(B, 1, S, D)`: the rotation multiplies each sample's queries and keys by its own rows, element by element
 the same products as a call per sample, in one call for the batch. Qwen-Image's `apply_rotary_emb_qwen` takes
 its complex `(S, D)` image table (Qwen-Image 2.1's: the whole sequence's) as `table.unsqueeze(1)`, `(S, 1, D)`
-against queries `(B, S, H, D)`; `SampleTables` answers that with `(B, S, 1, D)`.
+against queries `(B, S, H, D)`; `SampleTables` answers that with `(B, S, 1, D)`. MiniMax-H3's processor reads the
+table's width (`table.shape[-1]`, the rotated channels) and casts it (`table.to(dtype)`) before the `[None, :, None, :]`
+view: `SampleTables` answers with one sample's shape `(S, D)` and tables cast alike.
 
 Only processors whose code is known to use the table through those views get one (`takes_sample_tables`);
 any other processor is run one sample at a time with a plain table (`joint_attention`), so a processor
@@ -20,6 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from diffusers.models.transformers.transformer_cosmos import CosmosAttnProcessor2_0
+from diffusers.models.transformers.transformer_easyanimate import EasyAnimateAttnProcessor2_0
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
 from diffusers.models.transformers.transformer_flux3 import Flux3AttnProcessor
@@ -28,18 +32,23 @@ from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVid
 from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageAttnProcessor
 from diffusers.models.transformers.transformer_krea2 import Krea2AttnProcessor
 from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttnProcessor
+from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21AttnProcessor, QwenImage21FlexAttnProcessor
 
 __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
-#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1) or
+#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1), with
+#: `apply_rotary_emb(x, (cos, sin))` (`sequence_dim=2`: Cosmos's self-attention, EasyAnimate's video tokens), with
+#: MiniMax-H3's `_apply_rotary_emb` (`cos.shape[-1]`, `cos.to(dtype)[None, :, None, :]`) or
 #: `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole
 #: batch at once: the first step's call stores the batch's keys and values in its cache). Exact types: a subclass may
 #: read the table some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
+        CosmosAttnProcessor2_0,
+        EasyAnimateAttnProcessor2_0,
         FluxAttnProcessor,
         FluxIPAdapterAttnProcessor,
         Flux2AttnProcessor,
@@ -50,6 +59,7 @@ SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
         Krea2AttnProcessor,
         LongCatImageAttnProcessor,
         HunyuanImageAttnProcessor,
+        MiniMaxH3AttnProcessor,
         QwenDoubleStreamAttnProcessor2_0,
         QwenImage21AttnProcessor,
         QwenImage21FlexAttnProcessor,
@@ -70,6 +80,8 @@ class SampleTables:
         ((2, 5, 1, 4), (2, 1, 5, 4))
         >>> tuple(tables.unsqueeze(1).shape)
         (2, 5, 1, 4)
+        >>> tables.shape, tables.to(torch.float16).table.dtype  # one sample's shape; cast alike
+        (torch.Size([5, 4]), torch.float16)
     """
 
     __slots__ = ("table",)
@@ -88,6 +100,15 @@ class SampleTables:
             f"Expected the view [None, :, None, :] or [None, None, :, :] that diffusers' apply_rotary_emb takes of a "
             f"rotary table, but got [{key}]."
         )
+
+    @property
+    def shape(self) -> torch.Size:
+        """One sample's table's shape, `(S, D)`, as a processor that reads the table's width sees it."""
+        return self.table.shape[1:]
+
+    def to(self, *args: Any, **kwargs: Any) -> SampleTables:
+        """The tables cast or moved alike (`torch.Tensor.to`'s arguments)."""
+        return SampleTables(self.table.to(*args, **kwargs))
 
     def unsqueeze(self, dim: int) -> torch.Tensor:
         """Qwen-Image's view, `(S, D) -> (S, 1, D)`: `(B, S, 1, D)`, each sample's rows against its queries."""

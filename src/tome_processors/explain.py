@@ -194,8 +194,7 @@ def _explain_model(
     grid = (max(height // stride, 1), max(width // stride, 1))
     frames = 1
     if family.video:
-        stride_t = scale.temporal or family.frames_per_latent
-        frames = 1 + (max(num_frames or 1, 1) - 1) // stride_t + family.extra_latent_frames
+        frames = family.latent_frames(num_frames or 1, scale.temporal)
     shapes = site_shapes(model, family, family.blocks(model))
     group = group_of(family.name)
     auto = family.auto_downsample(model)

@@ -22,9 +22,11 @@ Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DM
 `LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
 `ErnieImageTransformer2DModel`, the image models `HunyuanImageTransformer2DModel` and
 `HiDreamImageTransformer2DModel`, the video models `Kandinsky5Transformer3DModel` and
-`Kandinsky6Transformer3DModel`, and Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial
-blocks). Some models are refused with the reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose
-attention is block-sparse). docs/families.md is the recipe for adding one.
+`Kandinsky6Transformer3DModel`, the video models `CosmosTransformer3DModel`, `MiniMaxH3Transformer3DModel`,
+`AllegroTransformer3DModel`, `EasyAnimateTransformer3DModel` and `LatteTransformer3DModel` (its spatial blocks), and
+Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks). Some models are refused with the
+reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose attention is block-sparse; Cosmos 3 and Mochi,
+whose attention ToMe cannot reach). docs/families.md is the recipe for adding one.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -65,16 +67,21 @@ from .qwen_ernie import ErnieImageFamily, QwenImage21Family
 from .qwenimage import QwenImageFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
+from .video_more import REFUSED as _VIDEO_MORE_REFUSED
+from .video_more import AllegroFamily, CosmosFamily, EasyAnimateFamily, LatteFamily, MiniMaxH3Family
 from .wan import SkyReelsV2Family, WanFamily, WanVACEFamily
 from .wan_derived import ChronoEditFamily, HeliosFamily, WanAnimateFamily
 from .zimage import ZImageFamily
 
 __all__ = [
     "FAMILIES",
+    "AllegroFamily",
     "AttentionSite",
     "BlockSite",
     "ChromaFamily",
     "ChronoEditFamily",
+    "CosmosFamily",
+    "EasyAnimateFamily",
     "ErnieImageFamily",
     "Family",
     "Flux2Family",
@@ -92,8 +99,10 @@ __all__ = [
     "Krea2Family",
     "LTX2Family",
     "LTXVideoFamily",
+    "LatteFamily",
     "Layout",
     "LongCatImageFamily",
+    "MiniMaxH3Family",
     "PixArtFamily",
     "QwenImage21Family",
     "QwenImageFamily",
@@ -154,6 +163,11 @@ FAMILIES: dict[str, type[Family]] = {
         HiDreamImageFamily,
         Kandinsky5Family,
         Kandinsky6Family,
+        CosmosFamily,
+        MiniMaxH3Family,
+        AllegroFamily,
+        EasyAnimateFamily,
+        LatteFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -188,6 +202,11 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
         "HiDreamImageTransformer2DModel",
         "Kandinsky5Transformer3DModel",
         "Kandinsky6Transformer3DModel",
+        "CosmosTransformer3DModel",
+        "MiniMaxH3Transformer3DModel",
+        "AllegroTransformer3DModel",
+        "EasyAnimateTransformer3DModel",
+        "LatteTransformer3DModel",
         "UNetSpatioTemporalConditionModel",
     )
 )
@@ -195,7 +214,7 @@ SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Tran
 
 #: Model classes ToMe refuses, each with why: `family_of` (and so `apply_tome`, `enable_tome`, `explain_tome`) raises
 #: that instead of naming the supported families. No family matches them.
-REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED}
+REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED, **_VIDEO_MORE_REFUSED}
 
 
 def find_family(model: torch.nn.Module) -> Family | None:

@@ -74,6 +74,9 @@ class Rotary:
         key_name / key_position: where the processor takes the keys' rotation as an argument of its own
             (Kandinsky 6's `rotary_emb_kv`), or None. In a merged self-attention the keys are the merged rows
             too, so that table follows them as the queries' does. `Layout.ROTARY` with `pair=False` only.
+        indexed: True where the processor gets `(tables, indices)`: rotary tables per axis and, per axis, each
+            token's row in them, `(1, N)` or `(N,)` (Allegro's `((t, h, w) tables, (t, h, w) positions)`). The
+            tables stay as they are and the indices follow the merged rows, `(B, M)`. `Layout.ROTARY` only.
     """
 
     name: str = "image_rotary_emb"
@@ -84,6 +87,7 @@ class Rotary:
     pair: bool = True
     key_name: str | None = None
     key_position: int = 3
+    indexed: bool = False
 
 
 @dataclass(frozen=True)
@@ -316,6 +320,19 @@ class Family:
     #: Latent frames the family's pipelines put ahead of the clip's in the model's input (Wan-Animate: the reference
     #: image's), which its token grid counts: `explain_tome` adds them to the clip's.
     extra_latent_frames = 0
+
+    def latent_frames(self, num_frames: int, stride: int | None = None) -> int:
+        """The latent frames the model gets for a clip of `num_frames` pixel frames (`explain_tome`): the first frame
+        alone, then one latent frame per `stride` pixel frames (the pipeline's VAE's stride, else `frames_per_latent`),
+        and the `extra_latent_frames` the pipelines put ahead of the clip's.
+
+        Example:
+            >>> from tome_processors.families import FAMILIES
+            >>> FAMILIES["wan"]().latent_frames(81), FAMILIES["wan_animate"]().latent_frames(77)
+            (21, 21)
+        """
+        stride = stride or self.frames_per_latent
+        return 1 + (max(num_frames, 1) - 1) // stride + self.extra_latent_frames
 
     def matches(self, model: torch.nn.Module) -> bool:
         if self.model_class is None:
