@@ -193,30 +193,35 @@ def tiny_minimax_h3() -> MiniMaxH3Transformer3DModel:
 
 
 def minimax_h3_inputs(
-    batch: int = 2, frames: int = FRAMES, h: int = LATENT_H, w: int = LATENT_W, keyframes: tuple[str, ...] = ("first",)
+    batch: int = 2,
+    frames: int = FRAMES,
+    h: int = LATENT_H,
+    w: int = LATENT_W,
+    keyframes: tuple[str, ...] = ("first",),
+    text: int = TEXT,
 ) -> dict:
     """As the fl2va (t2va without `keyframes`) denoising loop calls the model: the layout its layout step packs
     (`[text | keyframes | audio | video]`, `keyframes` a frame's rows each), the step's distinct row timesteps (video
     at t = 0.4, audio at 0.6, the keyframes at the pipeline's 0.999; one set for the whole batch) and the video rows
     patchified, the keyframes' first."""
     g = torch.Generator().manual_seed(0)
-    positions, tags, video, audio, text, conditions, _ = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
-        torch.ones(TEXT, dtype=torch.long), frames, h, w, AUDIO_LATENTS, (1, 2, 2), 2, 2, 0, keyframes
+    positions, tags, video, audio, text_rows, conditions, _ = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
+        torch.ones(text, dtype=torch.long), frames, h, w, AUDIO_LATENTS, (1, 2, 2), 2, 2, 0, keyframes
     )
     timestep, rows = MiniMaxH3SetTimestepsStep.build_row_timesteps(
-        video, audio, conditions, 0, TEXT, 0.4, 0.6, 0.999, 1.0
+        video, audio, conditions, 0, text, 0.4, 0.6, 0.999, 1.0
     )
     return {
         "hidden_states": _noise(batch, video.numel(), 4 * MINIMAX_LATENT, g=g),
         "audio_hidden_states": _noise(batch, audio.numel(), MINIMAX_AUDIO, g=g),
-        "encoder_hidden_states": _noise(batch, TEXT, MINIMAX_TEXT, g=g),
+        "encoder_hidden_states": _noise(batch, text, MINIMAX_TEXT, g=g),
         "timestep": timestep,
         "timestep_indices": rows,
         "token_tags": tags,
         "position_ids": positions,
         "video_indices": video,
         "audio_indices": audio,
-        "text_indices": text,
+        "text_indices": text_rows,
     }
 
 
