@@ -152,7 +152,7 @@ def merged_indices(rotary: tuple | list, merge: TokenMerge) -> Any:
     kept = merge.rotary
     if keep and kept and len(kept[0]) == 1 and kept[0][0] is indices[0]:
         return kept[1]
-    gathered = type(indices)((t.reshape(-1)[merge.row_token.to(t.device)] for t in indices))
+    gathered = type(indices)(t.reshape(-1)[merge.row_token.to(t.device)] for t in indices)
     result = type(rotary)((tables, gathered))
     if keep:
         kept[:] = [(indices[0],), result]

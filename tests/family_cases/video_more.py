@@ -33,11 +33,11 @@ from diffusers import (
     UniPCMultistepScheduler,
 )
 from diffusers.configuration_utils import ConfigMixin
+from diffusers.models.modeling_utils import ModelMixin
 from diffusers.modular_pipelines.minimax_h3.before_denoise import (
     MiniMaxH3PrepareLayoutStep,
     MiniMaxH3SetTimestepsStep,
 )
-from diffusers.models.modeling_utils import ModelMixin
 from diffusers.pipelines.cosmos.pipeline_cosmos2_5_predict import Cosmos2_5_PredictBasePipeline
 from transformers import (
     Qwen2_5_VLConfig,
@@ -149,7 +149,11 @@ def cosmos_pipeline(folder: Path) -> Cosmos2_5_PredictBasePipeline:
     text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
     torch.manual_seed(0)
     vae = AutoencoderKLWan(
-        base_dim=3, z_dim=COSMOS_LATENT, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+        base_dim=3,
+        z_dim=COSMOS_LATENT,
+        dim_mult=[1, 1, 1, 1],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
     ).eval()
     scheduler = UniPCMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=5.0)
     pipe = Cosmos2_5_PredictBasePipeline(
@@ -432,7 +436,7 @@ CASES = (
         family="minimax_h3",
         build=tiny_minimax_h3,
         inputs=minimax_h3_inputs,
-        merged_calls=2,  # attn of the 2 blocks (the video's 96 tokens after text, keyframe and audio); not the refiner's
+        merged_calls=2,  # attn of the 2 blocks (the video's 96 tokens after text, keyframe, audio); not the refiner's
     ),
     FamilyCase(
         name="allegro",

@@ -269,7 +269,9 @@ class MiniMaxH3Family(Family):
     def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
         """Each block's attention over the packed sequence, its metric the video's tokens (all its frames), last."""
         return [
-            _ClipSite(block, (AttentionSite(block.attn, False, Layout.TEXT_FIRST),), block.ff, Span.TRAILING, model=model)
+            _ClipSite(
+                block, (AttentionSite(block.attn, False, Layout.TEXT_FIRST),), block.ff, Span.TRAILING, model=model
+            )
             for block in model.transformer_blocks
         ]
 
