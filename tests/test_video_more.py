@@ -4,6 +4,7 @@ rotary positions following the merged rows, and Cosmos 3 and Mochi refused with 
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -13,6 +14,8 @@ from diffusers.models.attention_processor import AllegroAttnProcessor2_0
 
 import tome_processors as tp
 from test_family_table import AttentionRecorder
+from tome_processors.bench.dit import TRANSFORMER_ARCHITECTURES
+from tome_processors.cli.main import main
 from tome_processors.families import FAMILIES, REFUSED, family_of, find_family
 
 from family_cases.video_more import (
@@ -163,3 +166,31 @@ def test_allegro_positions_of_a_shape_tome_does_not_know_are_not_merged():
     tp.remove_tome(model)
     assert torch.equal(merged, plain)
     assert any("rotary tables of a shape ToMe does not know" in str(w.message) for w in caught)
+
+
+#: Each bench architecture's width and depth fields and their published (or inferred) values.
+PUBLISHED = {
+    "cosmos": ({"num_attention_heads": 16, "attention_head_dim": 128, "num_layers": 28}, 512),
+    "minimax_h3": ({"num_attention_heads": 56, "attention_head_dim": 128, "hidden_size": 5376, "num_layers": 50}, 256),
+    "allegro": ({"num_attention_heads": 24, "attention_head_dim": 96, "num_layers": 32}, 512),
+    "easyanimate": ({"num_attention_heads": 48, "attention_head_dim": 64, "num_layers": 48}, 256),
+    "latte": ({"num_attention_heads": 16, "attention_head_dim": 72, "num_layers": 28}, 120),
+}
+
+
+@pytest.mark.parametrize("arch", sorted(PUBLISHED))
+def test_bench_architectures_run_quick_at_one_block(arch, tmp_path):
+    shape, text = PUBLISHED[arch]
+    full = TRANSFORMER_ARCHITECTURES[arch]
+    assert {name: full[name] for name in shape} == shape
+    from tome_processors.bench.dit import TEXT_TOKENS
+
+    assert TEXT_TOKENS[arch] == text
+    path = tmp_path / f"{arch}.json"
+    argv = ["bench", "--quick", "--rounds", "1", "--no-progress", "--no-memory", "--no-trained-quality"]
+    argv += ["--no-host-cost", "--arch", arch, "--presets", "balanced", "--layers", "1"]
+    assert main([*argv, "--json", str(path)]) == 0
+    rows = {row["name"]: row for row in json.loads(path.read_text())["rows"]}
+    balanced = "ours balanced r=0.4" if arch == "latte" else "ours balanced r=0.75"  # PixArt's presets, Wan's
+    assert sorted(rows) == ["baseline", balanced]
+    assert 0 < rows[balanced]["rel_error"] < 1  # merged, and no more than that
