@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers.models.attention_processor import Attention
+from diffusers.models.attention_processor import Attention, CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
 from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.transformers.transformer_cogview4 import CogView4AttnProcessor
 from diffusers.models.transformers.transformer_cosmos import CosmosAttnProcessor2_0
 from diffusers.models.transformers.transformer_easyanimate import EasyAnimateAttnProcessor2_0
 from diffusers.models.transformers.transformer_flux import (
@@ -28,9 +29,12 @@ from diffusers.models.transformers.transformer_flux3 import Flux3Attention, Flux
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageAttnProcessor
+from diffusers.models.transformers.transformer_joyimage import JoyImageAttention, JoyImageAttnProcessor
 from diffusers.models.transformers.transformer_krea2 import Krea2Attention, Krea2AttnProcessor
 from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttention, LongCatImageAttnProcessor
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Attention, MiniMaxH3AttnProcessor
+from diffusers.models.transformers.transformer_motif_video import MotifVideoAttention, MotifVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_omnigen import OmniGenAttnProcessor2_0
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0, apply_rotary_emb_qwen
 from diffusers.models.transformers.transformer_qwenimage21 import (
     QwenImage21Attention,
@@ -137,6 +141,16 @@ def _hunyuanvideo(single: bool, processor: type = HunyuanVideoAttnProcessor2_0) 
     return attn, processor(), {"text": True, "image_only_rotary": True, **extra}
 
 
+def _cog(processor: type) -> tuple[torch.nn.Module, object, dict]:
+    """The CogVideoX lineage's joint attention (text then image in one sequence), its tables over the image alone
+    (its projections fused with `FusedCogVideoXAttnProcessor2_0`); CogView 4's with its mask over the text."""
+    attn = Attention(DIM, dim_head=HEAD_DIM, heads=HEADS, out_dim=DIM, bias=True, qk_norm="layer_norm", eps=1e-6)
+    if processor is FusedCogVideoXAttnProcessor2_0:
+        attn.fuse_projections()
+    extra = {"mask": True} if processor is CogView4AttnProcessor else {}
+    return attn, processor(), {"text": True, "image_only_rotary": True, **extra}
+
+
 def _qwenimage() -> tuple[torch.nn.Module, object, dict]:
     """Qwen-Image's joint attention: its complex image table over the image alone, a text table of its own."""
     attn = Attention(DIM, added_kv_proj_dim=DIM, dim_head=HEAD_DIM, heads=HEADS, out_dim=DIM, context_pre_only=False,
@@ -183,6 +197,25 @@ def _minimax_h3() -> tuple[torch.nn.Module, object, dict]:
     return MiniMaxH3Attention(DIM, HEADS, HEAD_DIM), MiniMaxH3AttnProcessor(), {"text": False, "rotary": "rotary_emb"}
 
 
+def _joyimage() -> tuple[torch.nn.Module, object, dict]:
+    """JoyImage-Edit's joint attention: `((cos, sin), None)`, the image's pair over the image alone, no text table."""
+    return JoyImageAttention(DIM, HEADS, HEAD_DIM), JoyImageAttnProcessor(), {"text": True, "nested": True}
+
+
+def _motif_video(single: bool) -> tuple[torch.nn.Module, object, dict]:
+    """Motif-Video's double-stream (added K/V) or single-stream attention; its tables cover the video alone."""
+    joint = {} if single else {"added_kv_proj_dim": DIM}
+    attn = MotifVideoAttention(DIM, heads=HEADS, dim_head=HEAD_DIM, out_dim=DIM, bias=True, pre_only=single, **joint)
+    return attn, MotifVideoAttnProcessor2_0(), {"text": True, "image_only_rotary": True}
+
+
+def _omnigen() -> tuple[torch.nn.Module, object, dict]:
+    """OmniGen's self-attention, called as cross-attention to its own tokens; its tables cover the whole sequence."""
+    attn = Attention(DIM, cross_attention_dim=DIM, dim_head=HEAD_DIM, heads=HEADS, kv_heads=HEADS, bias=False,
+                     out_dim=DIM, out_bias=False)  # fmt: skip
+    return attn, OmniGenAttnProcessor2_0(), {"text": False, "own_keys": True}
+
+
 PROCESSORS = {
     "cosmos": _cosmos,
     "minimax-h3": _minimax_h3,
@@ -202,8 +235,15 @@ PROCESSORS = {
     "hunyuanimage-double": lambda: _hunyuanvideo(single=False, processor=HunyuanImageAttnProcessor),
     "hunyuanimage-single": lambda: _hunyuanvideo(single=True, processor=HunyuanImageAttnProcessor),
     "qwenimage": _qwenimage,
+    "cogvideox": lambda: _cog(CogVideoXAttnProcessor2_0),
+    "cogvideox-fused": lambda: _cog(FusedCogVideoXAttnProcessor2_0),
+    "cogview4": lambda: _cog(CogView4AttnProcessor),
     "qwenimage21": lambda: _qwenimage21(QwenImage21AttnProcessor),
     "qwenimage21-flex": lambda: _qwenimage21(QwenImage21FlexAttnProcessor),
+    "joyimage": _joyimage,
+    "motif-video-double": lambda: _motif_video(single=False),
+    "motif-video-single": lambda: _motif_video(single=True),
+    "omnigen": _omnigen,
 }
 
 
@@ -227,6 +267,10 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
     elif parts.get("qwen"):  # (image, text): the image's table per sample, the text's one for the batch
         table, text_table = per_sample_complex(batch, ROWS), per_sample_complex(1, TEXT, seed=3)[0]
         batched_rotary, alone_rotary = (SampleTables(table), text_table), [(t, text_table) for t in table]
+    elif parts.get("nested"):  # ((cos, sin), None): the image's pair per sample, no text table
+        cos, sin = per_sample_tables(batch, ROWS)
+        batched_rotary = ((SampleTables(cos), SampleTables(sin)), None)
+        alone_rotary = [((c, s), None) for c, s in zip(cos, sin, strict=True)]
     else:
         rotated = ROWS + (TEXT if parts["text"] and not parts.get("image_only_rotary") else 0)
         cos, sin = per_sample_tables(batch, rotated)
@@ -243,6 +287,8 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
             extra["encoder_hidden_states_mask"] = pick(mask)
         if parts.get("qwen21"):
             return processor(attn, pick(image), rotary_emb=rotary, **extra)
+        if parts.get("own_keys"):  # keys and values from the same tokens
+            return processor(attn, pick(image), pick(image), image_rotary_emb=rotary, **extra)
         if parts["text"]:
             return processor(attn, pick(image), pick(text), image_rotary_emb=rotary, **extra)
         return processor(attn, pick(image), **{parts.get("rotary", "image_rotary_emb"): rotary}, **extra)

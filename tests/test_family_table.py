@@ -52,9 +52,31 @@ def forward(case: FamilyCase, model: torch.nn.Module, inputs: dict) -> torch.Ten
 
 def recorded(case: FamilyCase, model: torch.nn.Module, inputs: dict) -> tuple[torch.Tensor, AttentionRecorder]:
     recorder = AttentionRecorder()
-    with recorder:
-        out = forward(case, model, inputs)
+    handles = record_linear_attention(case, model, recorder)
+    try:
+        with recorder:
+            out = forward(case, model, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
     return out, recorder
+
+
+def record_linear_attention(case: FamilyCase, model: torch.nn.Module, recorder: AttentionRecorder) -> list:
+    """Hooks that record `(query tokens, key tokens)` of each call of the case's attention modules that run no SDPA
+    kernel (`FamilyCase.linear_attentions`), in call order with the kernel calls: the tokens `to_q` and `to_k` get."""
+    handles = []
+    for attn in case.linear_attentions(model) if case.linear_attentions is not None else ():
+        queries: list[int] = []
+
+        def query(module, args, queries=queries):
+            queries.append(int(args[0].shape[-2]))
+
+        def key(module, args, queries=queries):
+            recorder.calls.append((queries.pop(), int(args[0].shape[-2])))
+
+        handles += [attn.to_q.register_forward_pre_hook(query), attn.to_k.register_forward_pre_hook(key)]
+    return handles
 
 
 def merged_calls(plain: AttentionRecorder, merged: AttentionRecorder) -> int:

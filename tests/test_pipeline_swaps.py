@@ -191,3 +191,56 @@ def test_wan_blocks_compiled_alone_take_five_clip_sizes_with_every_preset(preset
                 torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
     finally:
         torch._dynamo.reset()
+
+
+def attend_and_excite_images(pipe) -> np.ndarray:
+    # Its latent update takes gradients through the UNet; 2 steps at 32 px: the attention store's maps at 4 x 4.
+    call = dict(height=32, width=32, num_inference_steps=2, output_type="np", attn_res=(4, 4), max_iter_to_alter=2)
+    images = pipe("a cat and a dog", token_indices=[2, 5], generator=torch.Generator().manual_seed(0), **call)
+    return np.asarray(images.images)
+
+
+def test_a_pipeline_that_sets_its_own_processors_at_every_call_keeps_apply_tome_on(tmp_path):
+    # Attend-and-Excite replaces every processor of its UNet with its attention store's at every call (and puts the
+    # earlier ones back at the end): under `apply_tome` they are wrapped, as under `enable_tome`, and ToMe merges.
+    from diffusers import StableDiffusionAttendAndExcitePipeline
+
+    parts = {k: v for k, v in tiny_sd_pipeline(tmp_path).components.items() if k != "image_encoder"}
+    pipe = StableDiffusionAttendAndExcitePipeline(**parts)
+    pipe.set_progress_bar_config(disable=True)
+    plain = attend_and_excite_images(pipe)
+    tp.apply_tome(pipe, ratio=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tp.ToMeSkipWarning)
+        first, second = attend_and_excite_images(pipe), attend_and_excite_images(pipe)
+    assert tp.is_tome_applied(pipe) and np.array_equal(first, second)
+    assert not np.allclose(first, plain, atol=1e-6), "ToMe stood down: the call ran unmerged"
+    tp.remove_tome(pipe)
+    assert np.array_equal(attend_and_excite_images(pipe), plain)
+
+
+def test_tome_standing_down_because_every_processor_was_replaced_says_so_once(tmp_path):
+    unet = tiny_unet("sd15")
+    sample, timestep, text, _ = unet_inputs(unet)
+    tp.apply_tome(unet, ratio=0.5)
+    unet.set_attn_processor(
+        unet.attn_processors["down_blocks.0.attentions.0.transformer_blocks.0.attn1.processor"].inner
+    )
+    with pytest.warns(tp.ToMeSkipWarning, match="enable_tome") as said:
+        for _ in range(2):
+            with torch.no_grad():
+                unet(sample, timestep, text)
+    assert len([w for w in said if issubclass(w.category, tp.ToMeSkipWarning)]) == 1
+    assert not tp.is_tome_applied(unet)
+    tp.apply_tome(unet, ratio=0.5)
+    unet.set_attn_processor(
+        unet.attn_processors["down_blocks.0.attentions.0.transformer_blocks.0.attn1.processor"].inner
+    )
+    with tp.strict_skips(), pytest.raises(tp.ToMeSkipError, match="stood down"), torch.no_grad():
+        unet(sample, timestep, text)
+    with warnings.catch_warnings():  # removed on purpose: nothing to say
+        warnings.simplefilter("error", tp.ToMeSkipWarning)
+        tp.apply_tome(unet, ratio=0.5)
+        tp.remove_tome(unet)
+        with torch.no_grad():
+            unet(sample, timestep, text)

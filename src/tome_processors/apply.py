@@ -9,8 +9,18 @@ import torch
 
 from .built import rebuilt_processor
 from .config import Preset, ToMeConfig
-from .families import Family, family_of, find_family
-from .hooks import attention_modules, context_of, install, unwatch_schedule, warn_if_merges_nothing, watch_schedule
+from .families import Family, find_family
+from .families.walk import one_walk
+from .hooks import (
+    ModelHooks,
+    attention_modules,
+    context_of,
+    install,
+    unwatch_schedule,
+    warn_if_merges_nothing,
+    watch_schedule,
+)
+from .plan import ToMePlan, plan_tome
 from .processor import ToMeProcessor
 from .replaced import warn_replaced_forwards
 
@@ -61,21 +71,6 @@ def target_models(model_or_pipeline: Any, controlnet: bool = False) -> list[torc
     return models
 
 
-def _check_mergeable(model: torch.nn.Module) -> Family:
-    family = family_of(model)  # names the model's class when its family is not supported
-    if not attention_modules(model):
-        raise ValueError(f"Expected a model with attention modules, but got {type(model).__name__}, which has none.")
-    return family
-
-
-def check_config(model: torch.nn.Module, config: ToMeConfig) -> Family:
-    """Raise what `apply_tome(model, config)` would raise (an unsupported model, one without attention, options its
-    family cannot honour, such as `st=2` on an image model) before anything changes; the model's family otherwise."""
-    family = _check_mergeable(model)
-    family.check_config(model, config)
-    return family
-
-
 #: `inner_processor`'s default: find the model's family there.
 _FIND = object()
 
@@ -119,19 +114,13 @@ def unwrap_processors(model: torch.nn.Module, family: Family | None) -> None:
             attn.set_processor(inner)
 
 
-def resolve_config(
-    model: torch.nn.Module, config: ToMeConfig | None, preset: Preset | None, options: dict[str, Any]
-) -> ToMeConfig:
-    """`config`, or else the family's preset (its defaults without one), with `options` on top."""
-    if config is not None and preset is not None:
-        raise ValueError(f"Expected a config or a preset, not both, but got config and preset={preset!r}.")
-    if config is not None:
-        return ToMeConfig.from_kwargs(config, **options)
-    return ToMeConfig.for_model(model, preset, **options)
-
-
 def apply_tome(
-    model_or_pipeline: T, config: ToMeConfig | None = None, *, preset: Preset | None = None, **kwargs: Any
+    model_or_pipeline: T,
+    config: ToMeConfig | None = None,
+    *,
+    preset: Preset | None = None,
+    family: Family | type[Family] | str | None = None,
+    **kwargs: Any,
 ) -> T:
     """Apply Token Merging to a diffusers model or pipeline, keeping its current attention processors.
 
@@ -140,13 +129,15 @@ def apply_tome(
     transformer block per forward are installed. Applying again replaces the earlier application.
 
     Args:
-        model_or_pipeline: a `UNet2DConditionModel` (or another model with spatial transformer
-            blocks), a `PixArtTransformer2DModel`, `SD3Transformer2DModel` or
-            `FluxTransformer2DModel`, or a pipeline with a `unet` or `transformer`.
+        model_or_pipeline: a model of a declared family (docs/families.md lists every diffusers model and its
+            family) or a pipeline with a `unet` or `transformer` of one.
         config: a `ToMeConfig`; keyword options override its fields. Without one, the model
             family's defaults are used (tomesd's for UNets; see docs/transformers.md).
         preset: `"exact"`, `"balanced"` or `"fast"` instead of a config: settings chosen per model
             family from measured speed and quality (docs/options.md); keyword options override it.
+        family: the model's family, where the library declares none for it or you want another: a `Family`
+            subclass (or instance, or a registered family's name) that you declared (docs/families.md, "A family
+            of your own"); by default the family registered for the model's class.
 
     Returns:
         `model_or_pipeline`, changed in place.
@@ -157,26 +148,31 @@ def apply_tome(
         >>> image = pipe("a photo of an astronaut riding a horse on mars").images[0]  # doctest: +SKIP
         >>> tome_processors.remove_tome(pipe)  # doctest: +SKIP
         >>> tome_processors.apply_tome(pipe, preset="fast")  # doctest: +SKIP
+        >>> tome_processors.apply_tome(my_model, family=MyFamily, ratio=0.5)  # doctest: +SKIP
     """
     models = target_models(model_or_pipeline)
-    plans = []
-    for model in models:  # check everything before changing anything
-        model_config = resolve_config(model, config, preset, kwargs)
-        family = check_config(model, model_config)
-        plans.append((model, family, model_config))
-    for model, family, model_config in plans:
-        warn_if_merges_nothing(model, model_config, stacklevel=2, family=family)
-        _remove(model, family)
-        inners = [(attn, inner_processor(model, attn, family)) for attn in attention_modules(model)]
-        context = install(model, model_config, family, ToMeProcessor)
-        for attn, inner in inners:
-            attn.set_processor(ToMeProcessor(inner, model_config))
-        context.keeper.install()  # ToMe stays on through fusing, IP-Adapter loading, ... (keeper.py)
-        warn_replaced_forwards(model, context.slotted, stacklevel=2)  # a forward that runs no processor (T-GATE's)
-        logger.debug("ToMe applied to %s: %d blocks", type(model).__name__, len(context.block_modules))
+    plans = [plan_tome(model, config, preset, kwargs, family) for model in models]  # all checked before any change
+    for plan in plans:
+        apply_plan(plan, stacklevel=3)
     if not isinstance(model_or_pipeline, torch.nn.Module):  # `ratio_start` finds its timesteps on the host
         watch_schedule(model_or_pipeline, models)
     return model_or_pipeline
+
+
+def apply_plan(plan: ToMePlan, stacklevel: int = 2) -> ModelHooks:
+    """Put ToMe on `plan.model` as `plan` says (an earlier application goes first); its merge context."""
+    model, family = plan.model, plan.family
+    with one_walk(model, plan.walk):
+        warn_if_merges_nothing(model, plan.config, stacklevel=stacklevel, family=family, sites=plan.sites)
+        remove_model(model, family)
+        inners = [(attn, inner_processor(model, attn, family)) for attn in plan.attentions]
+        context = install(plan, ToMeProcessor)
+        for attn, inner in inners:
+            attn.set_processor(ToMeProcessor(inner, plan.config))
+        context.keeper.install()  # ToMe stays on through fusing, IP-Adapter loading, ... (keeper.py)
+        warn_replaced_forwards(model, context.slotted, stacklevel=stacklevel)  # a forward that runs no processor
+    logger.debug("ToMe applied to %s: %d blocks", type(model).__name__, len(context.block_modules))
+    return context
 
 
 def remove_tome(model_or_pipeline: T) -> T:
@@ -190,14 +186,14 @@ def remove_tome(model_or_pipeline: T) -> T:
     """
     for model in target_models(model_or_pipeline):
         context = context_of(model)
-        _remove(model, context.family if context is not None else find_family(model))
+        remove_model(model, context.family if context is not None else find_family(model))
     if not isinstance(model_or_pipeline, torch.nn.Module):
         unwatch_schedule(model_or_pipeline)
     return model_or_pipeline
 
 
-def _remove(model: torch.nn.Module, family: Family | None) -> None:
-    """`remove_tome` on one model of `family` (None: of no supported family)."""
+def remove_model(model: torch.nn.Module, family: Family | None) -> None:
+    """`remove_tome` on one model of `family` (None: of no declared family)."""
     context = context_of(model)
     if context is not None:
         context.remove()

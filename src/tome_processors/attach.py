@@ -42,8 +42,9 @@ from .built import missing_inner_error, rebuilt_processor
 from .calls import module_calls
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
-from .families import SUPPORTED, find_family
+from .families import find_family, why_no_family
 from .hooks import attention_modules, context_of, enter_block, install, warn_if_merges_nothing
+from .plan import plan_tome
 from .replaced import warn_replaced_forwards
 
 logger = logging.getLogger(__name__)
@@ -129,9 +130,9 @@ def _tell_unsupported(attn: torch.nn.Module, calls: list, processor_type: type) 
     _TOLD.add(model)
     name = type(model).__name__
     warnings.warn(
-        f"ToMe merges nothing in {name}: Expected a supported model family ({SUPPORTED}), but got {name}. Its "
-        "attention modules run the processor each ToMeProcessor wraps (without one, the processor the model builds "
-        "them with), unchanged: the output is the model's own. (Said once per model.)",
+        f"ToMe merges nothing in {name}: {why_no_family(model)} Its attention modules run the processor each "
+        "ToMeProcessor wraps (without one, the processor the model builds them with), unchanged: the output is the "
+        "model's own. (Said once per model.)",
         UserWarning,
         stacklevel=5,
     )
@@ -244,10 +245,10 @@ def _attach(
         if site is None:
             continue
         # The options `apply_tome` refuses on this model (`st=2` on an image model, K/V pooling on joint attention)
-        # are refused here too, before anything is installed: this forward raises, and so would the next.
-        family.check_config(model, config)
-        warn_if_merges_nothing(model, config, stacklevel=5, family=family)
-        context = install(model, config, family, processor_type)
+        # are refused here too, by the plan, before anything is installed: this forward raises, and so would the next.
+        plan = plan_tome(model, config, family=family)
+        warn_if_merges_nothing(model, config, stacklevel=5, family=family, sites=plan.sites)
+        context = install(plan, processor_type)
         warn_replaced_forwards(model, context.slotted, stacklevel=5)
         # This forward's pre-hooks ran before the hooks existed: start its context from the calls themselves.
         context.begin(model, args, kwargs)

@@ -8,9 +8,11 @@ would not broadcast. `SampleTables` holds `(B, S, D)` and answers those two view
 `(B, 1, S, D)`: the rotation multiplies each sample's queries and keys by its own rows, element by element
 the same products as a call per sample, in one call for the batch. Qwen-Image's `apply_rotary_emb_qwen` takes
 its complex `(S, D)` image table (Qwen-Image 2.1's: the whole sequence's) as `table.unsqueeze(1)`, `(S, 1, D)`
-against queries `(B, S, H, D)`; `SampleTables` answers that with `(B, S, 1, D)`. MiniMax-H3's processor reads the
-table's width (`table.shape[-1]`, the rotated channels) and casts it (`table.to(dtype)`) before the `[None, :, None, :]`
-view: `SampleTables` answers with one sample's shape `(S, D)` and tables cast alike.
+against queries `(B, S, H, D)`; `SampleTables` answers that with `(B, S, 1, D)`. JoyImage-Edit's processor views its
+`(S, D)` tables as `table.view(1, S, 1, D)` against queries `(B, S, H, D)`; `SampleTables` answers with `(B, S, 1, D)`.
+MiniMax-H3's processor reads the table's width (`table.shape[-1]`, the rotated channels) and casts it
+(`table.to(dtype)`) before the `[None, :, None, :]` view: `SampleTables` answers with one sample's shape `(S, D)`
+and tables cast alike.
 
 Only processors whose code is known to use the table through those views get one (`takes_sample_tables`);
 any other processor is run one sample at a time with a plain table (`joint_attention`), so a processor
@@ -22,6 +24,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from diffusers.models.attention_processor import CogVideoXAttnProcessor2_0, FusedCogVideoXAttnProcessor2_0
+from diffusers.models.transformers.transformer_cogview4 import CogView4AttnProcessor
 from diffusers.models.transformers.transformer_cosmos import CosmosAttnProcessor2_0
 from diffusers.models.transformers.transformer_easyanimate import EasyAnimateAttnProcessor2_0
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
@@ -30,25 +34,32 @@ from diffusers.models.transformers.transformer_flux3 import Flux3AttnProcessor
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15AttnProcessor2_0
 from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageAttnProcessor
+from diffusers.models.transformers.transformer_joyimage import JoyImageAttnProcessor
 from diffusers.models.transformers.transformer_krea2 import Krea2AttnProcessor
 from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttnProcessor
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor
+from diffusers.models.transformers.transformer_motif_video import MotifVideoAttnProcessor2_0
+from diffusers.models.transformers.transformer_omnigen import OmniGenAttnProcessor2_0
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21AttnProcessor, QwenImage21FlexAttnProcessor
 
 __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
-#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1), with
-#: `apply_rotary_emb(x, (cos, sin))` (`sequence_dim=2`: Cosmos's self-attention, EasyAnimate's video tokens), with
-#: MiniMax-H3's `_apply_rotary_emb` (`cos.shape[-1]`, `cos.to(dtype)[None, :, None, :]`) or
-#: `apply_rotary_emb_qwen(x, table, use_real=False)` (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole
-#: batch at once: the first step's call stores the batch's keys and values in its cache). Exact types: a subclass may
-#: read the table some other way.
+#: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1, Motif-Video) or
+#: its default `sequence_dim=2` (CogVideoX, ConsisID and CogView 3 Plus, fused or not; CogView 4 and Cosmos's
+#: self-attention, `use_real_unbind_dim=-2`; OmniGen; EasyAnimate's video tokens), `apply_rotary_emb_qwen(x, table,
+#: use_real=False)` (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole batch at once: the first step's
+#: call stores the batch's keys and values in its cache), `table.view(1, S, 1, D)` (JoyImage-Edit), or MiniMax-H3's
+#: `_apply_rotary_emb` (`cos.shape[-1]`, `cos.to(dtype)[None, :, None, :]`). Exact types: a subclass may read the
+#: table some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
+        CogVideoXAttnProcessor2_0,
+        CogView4AttnProcessor,
         CosmosAttnProcessor2_0,
         EasyAnimateAttnProcessor2_0,
+        FusedCogVideoXAttnProcessor2_0,
         FluxAttnProcessor,
         FluxIPAdapterAttnProcessor,
         Flux2AttnProcessor,
@@ -59,6 +70,9 @@ SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
         Krea2AttnProcessor,
         LongCatImageAttnProcessor,
         HunyuanImageAttnProcessor,
+        JoyImageAttnProcessor,
+        MotifVideoAttnProcessor2_0,
+        OmniGenAttnProcessor2_0,
         MiniMaxH3AttnProcessor,
         QwenDoubleStreamAttnProcessor2_0,
         QwenImage21AttnProcessor,
@@ -110,6 +124,20 @@ class SampleTables:
         """The tables cast or moved alike (`torch.Tensor.to`'s arguments)."""
         return SampleTables(self.table.to(*args, **kwargs))
 
+    def view(self, *shape: int) -> torch.Tensor:
+        """JoyImage-Edit's view, `(S, D) -> (1, S, 1, D)`: `(B, S, 1, D)`, each sample's rows against its queries.
+
+        Example:
+            >>> tuple(SampleTables(torch.zeros(2, 5, 4)).view(1, 5, 1, 4).shape)
+            (2, 5, 1, 4)
+        """
+        if shape != (1, self.table.shape[1], 1, self.table.shape[2]):
+            raise TypeError(
+                f"Expected the view (1, S, 1, D) that JoyImage-Edit's processor takes of a rotary table of S = "
+                f"{self.table.shape[1]} rows of D = {self.table.shape[2]}, but got view{shape}."
+            )
+        return self.table.unsqueeze(2)
+
     def unsqueeze(self, dim: int) -> torch.Tensor:
         """Qwen-Image's view, `(S, D) -> (S, 1, D)`: `(B, S, 1, D)`, each sample's rows against its queries."""
         if dim != 1:
@@ -144,9 +172,10 @@ def sample_tables(rotary: Any, row_token: torch.Tensor, follow: int | None = Non
     """
     every = _tables(rotary)
     follow = len(every) if follow is None else follow
-    row_token = row_token.to(every[0].device)
-    # One row lookup per table (`embedding`: one kernel, complex tables too) for the whole batch.
-    tables = [SampleTables(torch.nn.functional.embedding(row_token, t)) for t in every[:follow]] + every[follow:]
+    # One row lookup per table (`embedding`: one kernel, complex tables too) for the whole batch, on the merge's
+    # device: CogView 4 builds its tables on the host, and the merged rows' positions stay where they were made.
+    gathered = [torch.nn.functional.embedding(row_token, t.to(row_token.device)) for t in every[:follow]]
+    tables = [SampleTables(t) for t in gathered] + every[follow:]
     return type(rotary)(tables) if isinstance(rotary, (tuple, list)) else tables[0]
 
 

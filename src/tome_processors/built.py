@@ -2,8 +2,8 @@
 
 A `ToMeProcessor()` made without an inner processor runs, on a module it merges nothing in, the processor the
 module's model builds it with. A supported family declares that (`Family.built_processor`); for any other model
-the class's default is no answer (Sana builds its `Attention` modules with linear attention, CogVideoX with a
-joint processor of its own). The model's class does know: building it again from its config, on the meta device
+the class's default is no answer (Sana's ControlNet builds its `Attention` modules with linear attention, CogVideoX
+with a joint processor of its own). The model's class does know: building it again from its config, on the meta device
 (no memory, no weights, no random numbers drawn), gives every module the processor it is built with. Done once per
 model and kept beside it (weakly).
 """

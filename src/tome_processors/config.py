@@ -292,13 +292,27 @@ class ToMeConfig:
             >>> ToMeConfig.for_model("pixart", "balanced", ratio=0.3).share_level
             True
         """
-        family = _family(model)
+        on = model if isinstance(model, torch.nn.Module) else None
+        return cls.for_family(_family(model), preset, on, **overrides)
+
+    @classmethod
+    def for_family(
+        cls, family: Family, preset: Preset | None = None, model: torch.nn.Module | None = None, **overrides: Any
+    ) -> ToMeConfig:
+        """`for_model` where the family is known: its defaults, a preset (on `model`, where a preset depends on the
+        model), then `overrides`.
+
+        Example:
+            >>> from tome_processors.families import FAMILIES
+            >>> ToMeConfig.for_family(FAMILIES["pixart"](), "balanced").share_level
+            True
+        """
         fields = dict(family.defaults)
         if preset is not None:
             _expect(
                 isinstance(preset, str) and preset in PRESETS, f"preset to be one of {list(PRESETS)} or None", preset
             )
-            fields = family.preset_options(preset, model if isinstance(model, torch.nn.Module) else None)
+            fields = family.preset_options(preset, model)
         return cls.from_kwargs(cls(**fields), **overrides)
 
     @classmethod

@@ -538,13 +538,17 @@ class ForwardStates:
         #: (the context was attached by another thread while this one's forward ran): it starts that forward.
         self.on_mid_forward = on_mid_forward
         self._local = threading.local()
+        #: One holder per block, each with every thread's state of that block (`BlockSlot.state`).
+        self.slots = [BlockSlot(self, index) for index in range(num_blocks)]
 
     @property
     def current(self) -> ModelState:
-        """This thread's state (made at its first call)."""
+        """This thread's state (made at its first call, with its blocks' states, each handed to its `BlockSlot`)."""
         state = getattr(self._local, "state", None)
         if state is None:
             state = self._local.state = self.template.for_thread(self.num_blocks)
+            for slot, block in zip(self.slots, state.blocks, strict=True):
+                slot.hold(block)
         return state
 
     def block(self, index: int) -> BlockState:
@@ -558,10 +562,51 @@ class ForwardStates:
         return state.blocks[index]
 
     def __getstate__(self) -> dict:
-        return {"template": self.template, "num_blocks": self.num_blocks, "on_mid_forward": self.on_mid_forward}
+        return {
+            "template": self.template,
+            "num_blocks": self.num_blocks,
+            "on_mid_forward": self.on_mid_forward,
+            "slots": self.slots,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._local = threading.local()
+
+
+class BlockSlot:
+    """One block's place in a model's `ForwardStates`: each thread's `BlockState` of that block.
+
+    Its hooks and attention slots hold it and read `state`, one attribute of one thread-local object: no block reads
+    a number of its own to find its state, so one compiled block serves every block (regional compilation guards on
+    what a graph reads).
+    """
+
+    __slots__ = ("_local", "_states", "index")
+
+    def __init__(self, states: ForwardStates, index: int) -> None:
+        self._states = states
+        self.index = index
+        self._local = threading.local()
+
+    @property
+    def state(self) -> BlockState:
+        """This thread's state of the block."""
+        state = getattr(self._local, "state", None)
+        if state is None:  # the thread's first call: its states are made (and a forward begun mid-way, started)
+            state = self._states.block(self.index)
+        return state
+
+    def hold(self, state: BlockState) -> None:
+        """Make `state` this thread's state of the block."""
+        self._local.state = state
+
+    def __getstate__(self) -> dict:  # a copy holds no thread's state
+        return {"_states": self._states, "index": self.index}
+
+    def __setstate__(self, state: dict) -> None:
+        self._states = state["_states"]
+        self.index = state["index"]
         self._local = threading.local()
 
 
@@ -889,12 +934,11 @@ class AttentionSlot:
     processor class its model builds it with (what a `ToMeProcessor()` without an inner one runs), and its name
     in the model (for what `skip` says)."""
 
-    __slots__ = ("_index", "_states", "built_with", "is_cross", "layout", "mask_at", "name", "rotary_at")
+    __slots__ = ("_block", "built_with", "is_cross", "layout", "mask_at", "name", "rotary_at")
 
     def __init__(
         self,
-        states: ForwardStates,
-        index: int,
+        block: BlockSlot,
         is_cross: bool,
         layout: Layout = Layout.IMAGE,
         built_with: type | None = None,
@@ -902,8 +946,7 @@ class AttentionSlot:
         rotary_at: int | None = None,
         name: str = "",
     ) -> None:
-        self._states = states
-        self._index = index  # its block's
+        self._block = block
         self.is_cross = is_cross
         self.layout = layout
         self.built_with = built_with
@@ -914,7 +957,7 @@ class AttentionSlot:
     @property
     def block(self) -> BlockState:
         """Its block's state in this thread's forward."""
-        return self._states.block(self._index)
+        return self._block.state
 
     def skip(self, reason: Skip, tokens: torch.Tensor | None = None) -> None:
         """Report that this attention runs unmerged for `reason` (`skips.report_skip`; once per model and reason)."""

@@ -86,7 +86,9 @@ def explain_tome(
         batch: the forward's batch (e.g. 2 with classifier-free guidance); the verdicts are per sample.
         device_type: `"cuda"`, `"cpu"`, ...; default the model's parameters' device type.
         num_frames: a video model's pixel frames (default 1): the clip one forward generates (Helios: one chunk's);
-            latent frames the family's pipelines add to the clip's (Wan-Animate's reference image) are counted.
+            latent frames the family's pipelines add to the clip's (Wan-Animate's reference image) are counted, and
+            a model that patches several latent frames into a token (`config.patch_size_t`: CogVideoX 1.5's 2) gets
+            that many fewer, its pipelines padding the latent to a multiple of them.
         config / preset: the setting to explain (at most one).
         vae_scale_factor: pixels per latent pixel; default the pipeline's, or for a bare model the family's.
         print_table: print the rows as a table.
@@ -195,6 +197,9 @@ def _explain_model(
     frames = 1
     if family.video:
         frames = family.latent_frames(num_frames or 1, scale.temporal)
+        # Latent frames a token (CogVideoX 1.5's 2; its pipelines pad the latent to a multiple of them).
+        patch_t = int(getattr(model.config, "patch_size_t", None) or 1)
+        frames = -(-frames // patch_t)
     shapes = site_shapes(model, family, family.blocks(model))
     group = group_of(family.name)
     auto = family.auto_downsample(model)

@@ -31,20 +31,29 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from diffusers.models.attention import AttentionModuleMixin
-from diffusers.models.attention_processor import Attention
 from diffusers.utils.torch_utils import unwrap_module
 
 from ._similarity import is_compiling
 from .arguments import argument
 from .calls import module_calls
 from .config import ToMeConfig
-from .context import SLOT_ATTR, AttentionSlot, BlockState, ForwardStates, HostSchedule, ModelState
-from .families import BlockSite, Family, Layout, Span, attention_levels, class_default_processor, family_of
+from .context import SLOT_ATTR, AttentionSlot, BlockSlot, BlockState, ForwardStates, HostSchedule, ModelState
+from .families import (
+    BlockSite,
+    Family,
+    Layout,
+    Span,
+    attention_levels,
+    class_default_processor,
+    family_of,
+    is_attention_module,
+)
+from .families.walk import modules_of, named_modules_of, one_walk
 from .keeper import ProcessorKeeper, all_unwrapped
 from .merge import release_buffers
 from .parallel import LocalGrid, Shards, local_grid, sequence_shards, uneven_split
 from .pays import SiteShape, decide, group_of, site_shapes
+from .plan import ToMePlan
 from .replaced import warn_replaced_forwards
 from .skips import Skip, report_skip
 
@@ -53,16 +62,20 @@ logger = logging.getLogger(__name__)
 
 def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """Every attention module of `model` that holds a processor, in module order."""
-    # `Attention` (UNets, PixArt, SD3) and the newer `AttentionModuleMixin` modules (FluxAttention).
-    return [m for m in model.modules() if isinstance(m, (Attention, AttentionModuleMixin)) and hasattr(m, "processor")]
+    return [m for m in modules_of(model) if is_attention_module(m)]
 
 
 def warn_if_merges_nothing(
-    model: torch.nn.Module, config: ToMeConfig, stacklevel: int, family: Family | None = None
+    model: torch.nn.Module,
+    config: ToMeConfig,
+    stacklevel: int,
+    family: Family | None = None,
+    sites: Sequence[BlockSite] | None = None,
 ) -> None:
     """Warn when `config` cannot merge anything on `model` (its levels are skipped, or every merge is off),
-    and for each option that has no effect on the model's family."""
+    and for each option that has no effect on the model's family (whose block `sites` the caller may know)."""
     family = family or family_of(model)
+    sites = family.blocks(model) if sites is None else sites
     name = type(model).__name__
     found = attention_levels(model)
     levels = found or [1]  # a transformer's blocks all sit at the latent's grid
@@ -92,7 +105,7 @@ def warn_if_merges_nothing(
         warnings.warn(
             "ToMe with this configuration merges nothing (ratio 0 or every merge flag off).", stacklevel=stacklevel + 1
         )
-    if config.merge_crossattn and not any(a.is_cross for site in family.blocks(model) for a in site.attentions):
+    if config.merge_crossattn and not any(a.is_cross for site in sites for a in site.attentions):
         warnings.warn(
             f"ToMe's merge_crossattn=True has no effect on {name}: it has no cross-attention over image tokens "
             "(its text and image tokens meet in joint attention, which merge_attn covers).",
@@ -106,6 +119,7 @@ class ModelHooks:
     exactly that away (`context_of(model)` finds it).
 
     Attributes:
+        plan: what turning ToMe on resolved (`plan.ToMePlan`): the family, the configuration, the sites.
         states: each thread's state the hooks fill and the processors read (`ForwardStates`): concurrent forwards
             of the model, one per thread, each have their own.
         family: the model's family (where its blocks, token grid and timestep are).
@@ -116,15 +130,14 @@ class ModelHooks:
         slotted: the attention modules given an `AttentionSlot`.
     """
 
-    def __init__(
-        self, model: torch.nn.Module, template: ModelState, family: Family, processor_type: type, num_blocks: int
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, template: ModelState, plan: ToMePlan, processor_type: type) -> None:
         self.model = model
-        self.states = ForwardStates(template, num_blocks, functools.partial(_begin_mid_forward, self))
-        self.family = family
+        self.plan = plan
+        self.states = ForwardStates(template, len(plan.sites), functools.partial(_begin_mid_forward, self))
+        self.family = plan.family
         self.processor_type = processor_type
         self.block_modules: list[torch.nn.Module] = []
-        self.sites: list[BlockSite] = []  # the family's block sites, beside `block_modules`
+        self.sites: tuple[BlockSite, ...] = plan.sites  # beside `block_modules`
         self.watched: list[torch.nn.Module] = []
         self.slotted: list[torch.nn.Module] = []
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -356,12 +369,23 @@ class ModelHooks:
         release_buffers()  # the merges' zero tensors (device memory); another model's merges make theirs again
 
     def stand_down(self, model: torch.nn.Module) -> None:
-        """No ToMe processor is left in `model`: take everything away (or, while compiling, merge nothing)."""
+        """No ToMe processor is left in `model`: take everything away (or, while compiling, merge nothing), and say
+        so once: something replaced every processor ToMe was on."""
         if is_compiling():  # hooks cannot be taken off inside a traced graph
             self.reset()
             return
+        log = self.model_state.skips
         self.remove()
-        logger.debug("ToMe stood down on %s: no attention module holds a ToMe processor", type(model).__name__)
+        name = type(model).__name__
+        report_skip(
+            log,
+            Skip.REPLACED,
+            message=f"ToMe stood down on {name}: every attention processor ToMe was on has been replaced "
+            "(set_attn_processor, or attn.processor = ...) since it was applied, so nothing merges from this forward "
+            "on. To keep ToMe on through processor swaps, turn it on with pipe.enable_tome() (after "
+            "tome_processors.patch_pipelines()), or apply it after the processors are set; to turn it off on "
+            "purpose, remove_tome says nothing. (Said once.)",
+        )
 
 
 def _begin_mid_forward(context: ModelHooks) -> None:
@@ -416,20 +440,19 @@ class _ModelPreHook:
 
 
 class _BlockHook:
-    """A hook of one block: it finds the block's state of the thread it runs in (`ForwardStates`)."""
+    """A hook of one block: it finds the block's state of the thread it runs in (`BlockSlot`)."""
 
-    def __init__(self, states: ForwardStates, index: int) -> None:
-        self.states = states
-        self.index = index
+    def __init__(self, slot: BlockSlot) -> None:
+        self.slot = slot
 
     @property
     def block_state(self) -> BlockState:
-        return self.states.block(self.index)
+        return self.slot.state
 
 
 class _BlockPreHook(_BlockHook):
-    def __init__(self, states: ForwardStates, index: int, site: BlockSite | None) -> None:
-        super().__init__(states, index)
+    def __init__(self, slot: BlockSlot, site: BlockSite | None) -> None:
+        super().__init__(slot)
         self.site = site  # only where the block's input holds other tokens than the grid's
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
@@ -446,8 +469,8 @@ class _BlockPostHook(_BlockHook):
 class _FeedForwardPreHook(_BlockHook):
     """Merges the feed-forward's input with its block's merge (`merge_mlp`); the feed-forward is no attention module."""
 
-    def __init__(self, states: ForwardStates, index: int, config: ToMeConfig) -> None:
-        super().__init__(states, index)
+    def __init__(self, slot: BlockSlot, config: ToMeConfig) -> None:
+        super().__init__(slot)
         self.config = config
 
     def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -507,32 +530,31 @@ def context_of(model: torch.nn.Module) -> ModelHooks | None:
     return next((hook.context for hook in hooks.values() if isinstance(hook, _ModelPreHook)), None)
 
 
-def install(model: torch.nn.Module, config: ToMeConfig, family: Family | None, processor_type: type) -> ModelHooks:
-    """Install the merge context on `model`: a model pre-hook and hooks on every block of its family.
+def install(plan: ToMePlan, processor_type: type) -> ModelHooks:
+    """Install the merge context of `plan` on its model: a model pre-hook and hooks on every block of its plan.
 
     `processor_type` is the processor class that reads the slots: the context stands down at the
-    first forward in which no attention module of `model` holds one.
+    first forward in which no attention module of the model holds one.
     """
-    model = unwrap_module(model)
-    family = family or family_of(model)
-    state = ModelState(
-        config=config,
-        auto_downsample=family.auto_downsample(model),
-        needs_row_token=family.needs_row_token,
-        rotary=family.rotary,
-        masks_text_only=family.masks_text_only,
-        one_grid=_one_grid(model, family),
-        fixed_at_odd_batch=family.guidance_in_batch,
-    )
-    state.skips.model_name = type(model).__name__
-    sites = family.blocks(model)
-    context = ModelHooks(model, state, family, processor_type, len(sites))
-    context.watched = attention_modules(model)
-    names = {module: name for name, module in model.named_modules()}  # for what a skipped attention says
-    context.shapes = site_shapes(model, family, sites)
+    model, family, config = unwrap_module(plan.model), plan.family, plan.config
+    sites = list(plan.sites)
+    with one_walk(model, plan.walk if model is plan.model else None):
+        state = ModelState(
+            config=config,
+            auto_downsample=family.auto_downsample(model),
+            needs_row_token=family.needs_row_token,
+            rotary=family.rotary,
+            masks_text_only=family.masks_text_only,
+            one_grid=_one_grid(model, sites),
+            fixed_at_odd_batch=family.guidance_in_batch,
+        )
+        state.skips.model_name = type(model).__name__
+        context = ModelHooks(model, state, plan, processor_type)
+        context.watched = list(plan.attentions)
+        names = {module: name for name, module in named_modules_of(model)}  # for what a skipped attention says
+        context.shapes = site_shapes(model, family, sites)
     context.keeper = ProcessorKeeper(model, context.watched, processor_type, config, context.inner_of)
     context.handles.append(model.register_forward_pre_hook(_ModelPreHook(context), with_kwargs=True))
-    context.sites = sites
     for index, site in enumerate(sites):
         context.block_modules.append(site.module)
         _install_block(context, site, index, config, names)
@@ -565,9 +587,9 @@ def _log_decision(
     logger.info("ToMe on %s, %s token grid on %s (pays_only): %s", name, size, device_type, "; ".join(parts))
 
 
-def _one_grid(model: torch.nn.Module, family: Family) -> bool:
-    """Whether every block of `model` merges the latent's token grid alone (`ModelState.one_grid`)."""
-    layouts = {attention.layout for site in family.blocks(model) for attention in site.attentions}
+def _one_grid(model: torch.nn.Module, sites: list[BlockSite]) -> bool:
+    """Whether every block of `model` (its `sites`) merges the latent's token grid alone (`ModelState.one_grid`)."""
+    layouts = {attention.layout for site in sites for attention in site.attentions}
     return not attention_levels(model) and layouts <= {Layout.IMAGE, Layout.ROTARY}
 
 
@@ -591,8 +613,8 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
         hidden_states = hidden_states[:, shard.start : shard.start + shard.tokens]
     latent_hw = model.latent_hw
     if site is not None and latent_hw is not None:
-        grid_tokens = latent_hw[0] * latent_hw[1] + (shard.extra if shard is not None else 0)
-        hidden_states = site.metric(hidden_states, grid_tokens, model.tail)
+        grid_tokens = model.frames * latent_hw[0] * latent_hw[1] + (shard.extra if shard is not None else 0)
+        hidden_states = site.metric(hidden_states, grid_tokens, model.tail, sharded=shard is not None)
     block_state.metric = hidden_states
     block_state.prepare()
 
@@ -605,17 +627,16 @@ def _span_site(site: BlockSite) -> BlockSite | None:
 def _install_block(
     context: ModelHooks, site: BlockSite, index: int, config: ToMeConfig, names: dict | None = None
 ) -> None:
-    block, states = site.module, context.states
-    pre = _BlockPreHook(states, index, _span_site(site))
+    block, slot = site.module, context.states.slots[index]
+    pre = _BlockPreHook(slot, _span_site(site))
     context.handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-    post = _BlockPostHook(states, index)
+    post = _BlockPostHook(slot)
     context.handles.append(block.register_forward_hook(post, with_kwargs=True, always_call=True))
 
     for attention in site.attentions:
         built_with = attention.built_with or context.family.built_with or class_default_processor(attention.module)
-        slot = AttentionSlot(
-            states,
-            index,
+        attention_slot = AttentionSlot(
+            slot,
             attention.is_cross,
             attention.layout,
             built_with,
@@ -623,16 +644,14 @@ def _install_block(
             rotary_at=attention.rotary_at,
             name=(names or {}).get(attention.module, type(attention.module).__name__),
         )
-        setattr(attention.module, SLOT_ATTR, slot)
+        setattr(attention.module, SLOT_ATTR, attention_slot)
         context.slotted.append(attention.module)
 
     if config.merge_mlp and site.feed_forward is not None:
         ff = site.feed_forward
-        pre = _FeedForwardPreHook(states, index, config)
+        pre = _FeedForwardPreHook(slot, config)
         context.handles.append(ff.register_forward_pre_hook(pre, with_kwargs=True))
-        context.handles.append(
-            ff.register_forward_hook(_FeedForwardPostHook(states, index), with_kwargs=True, always_call=True)
-        )
+        context.handles.append(ff.register_forward_hook(_FeedForwardPostHook(slot), with_kwargs=True, always_call=True))
 
 
 def set_timestep_schedule(model: torch.nn.Module, timesteps: torch.Tensor | None) -> None:

@@ -21,11 +21,17 @@ gives no rotation at all. The merge is per sample, so the rows of two samples si
 positions. Where the inner processor is known to take a table per sample (diffusers' Flux, FLUX.2,
 HunyuanVideo and Qwen-Image processors), the whole batch goes in one call with `batched_rotary.SampleTables`;
 batched tables (`Rotary.batched`, Z-Image) are gathered for the whole batch; any other processor is run one
-sample at a time with plain `(S, D)` tables.
+sample at a time with plain `(S, D)` tables. Where the image's tables come as a pair inside the argument
+(`Rotary.nested`: JoyImage-Edit's `((cos, sin), text tables)`), that pair follows the rows and the rest is passed on.
+
+A text-first attention whose module passes the same tensor as `hidden_states` and `encoder_hidden_states` (OmniGen's
+self-attention, called as cross-attention to itself) gets the merged tokens as both: its keys and values are the
+merged rows, as its queries are.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -37,6 +43,8 @@ from .merge import TokenMerge, positions
 from .skips import Skip
 
 _FLUX_ROTARY = Rotary()  # FLUX.1's: `image_rotary_emb`, (cos, sin) over text then image, one for the batch
+#: The image's `(cos, sin)` inside a nested argument (`Rotary.nested`): both tables follow the merged rows.
+_IMAGE_PAIR = Rotary(covers_text=False, text_table=False)
 #: Masks over the attention's keys that processors take by keyword beside `attention_mask`, `(B, S)`: Qwen-Image
 #: 2.1's `key_valid`. They are refused or cut as the attention mask is.
 KEY_MASKS = ("key_valid",)
@@ -95,7 +103,10 @@ def run_with_text(
             slot.skip(Skip.ROTARY, hidden_states)
         return inner(attn, hidden_states, *args, **kwargs)
     args, kwargs = _merged_mask(args, kwargs, slot.mask_at, lead, extra - lead, merge)
-    out = _call(inner, attn, merge.merge(hidden_states), args, kwargs, merge, spec, at)
+    merged = merge.merge(hidden_states)
+    if argument(args, kwargs, 0, "encoder_hidden_states") is hidden_states:  # its own keys and values (OmniGen)
+        args, kwargs = replace_argument(args, kwargs, 0, "encoder_hidden_states", merged)
+    out = _call(inner, attn, merged, args, kwargs, merge, spec, at)
     if isinstance(out, tuple):  # a processor that returns more: the first output holds the tokens
         return (merge.unmerge(out[0]), *out[1:])
     return merge.unmerge(out)
@@ -159,6 +170,22 @@ def _rotary_tables(rotary: Any) -> list[torch.Tensor]:
     return list(rotary) if isinstance(rotary, (tuple, list)) else [rotary]
 
 
+def _image_part(spec: Rotary, rotary: Any) -> tuple[Rotary, Any, Any]:
+    """`(spec, tables, put_back)`: where the image's pair sits inside the argument (`Rotary.nested`), that pair, a
+    spec under which both its tables follow the merged rows, and a function that puts merged tables back in the
+    argument's place; else the argument as it is (`put_back` None).
+
+    Example:
+        >>> cos, sin, text = torch.zeros(4, 2), torch.ones(4, 2), torch.ones(3, 2)
+        >>> spec, image, put_back = _image_part(Rotary(nested=True), ((cos, sin), text))
+        >>> image[0] is cos, spec.text_table, put_back("merged")[1] is text
+        (True, False, True)
+    """
+    if not spec.nested or not isinstance(rotary, (tuple, list)) or not rotary:
+        return spec, rotary, None
+    return replace(_IMAGE_PAIR, batched=spec.batched), rotary[0], lambda image: type(rotary)((image, *rotary[1:]))
+
+
 def _gathered(spec: Rotary, tables: list[torch.Tensor]) -> list[torch.Tensor]:
     """The tables that follow the merged rows: all of them, or the image's alone (`Rotary.covers_text`,
     `Rotary.text_table`)."""
@@ -170,6 +197,7 @@ def _rotary_fits(spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, n
     rotary = argument(args, kwargs, *at)
     if rotary is None:
         return True
+    spec, rotary, _ = _image_part(spec, rotary)
     tables = _gathered(spec, _rotary_tables(rotary))
     if spec.batched:  # (B or 1, S, ...): Z-Image's (B, S, D/2), ERNIE-Image's (B, S, 1, D), HiDream's (B, S, 1, D/2, 2,
         # 2), Helios's (1, S, 2D) for the whole batch
@@ -210,8 +238,9 @@ def _merged_rotary(spec: Rotary, rotary: Any, merge: TokenMerge, after: int = 0)
     if kept[1] is not None:
         return kept[1]
     tables = _rotary_tables(rotary)
-    follow = _gathered(spec, tables)
-    row_token = _positions(merge, after).to(tables[0].device)
+    row_token = _positions(merge, after)
+    # Gathered on the merge's device, where tables made on the host (CogView 4's) go: no read back of the positions.
+    follow = [t.to(row_token.device) for t in _gathered(spec, tables)]
     if spec.batched:  # (B, S, D) tables: one lookup along the sequence for the whole batch
         samples = sample_index(merge.batch, row_token.device)
         # A table of batch 1 serves every sample: each sample's rows are gathered from it.
@@ -271,11 +300,15 @@ def _call(
     rotary = argument(args, kwargs, *where)
     if rotary is None:
         return inner(attn, merged, *args, **kwargs)
+    spec, rotary, put_back = _image_part(spec, rotary)
     # A processor known to take a table per sample: the whole batch in one call.
     if not spec.batched and takes_sample_tables(inner):
-        args, kwargs = replace_argument(args, kwargs, *where, _batched_rotary(spec, rotary, merge, after))
+        tables = _batched_rotary(spec, rotary, merge, after)
+        args, kwargs = replace_argument(args, kwargs, *where, put_back(tables) if put_back else tables)
         return inner(attn, merged, *args, **kwargs)
     per_call = _merged_rotary(spec, rotary, merge, after)
+    if put_back is not None:
+        per_call = [put_back(tables) for tables in per_call]
     batch = merge.batch
     if batch == 1 or spec.batched:
         args, kwargs = replace_argument(args, kwargs, *where, per_call[0])

@@ -8,8 +8,10 @@ wraps `forward`: during the call the model holds its plain inner processors, so 
 keeps exactly what it would see without ToMe; afterwards every processor is wrapped again.
 
 `set_attn_processor` is the user's own switch. Under `apply_tome` setting other processors with it turns
-ToMe off (the context stands down at the next forward), except the fused projections' processor on a model
-whose projections are fused, which a pipeline's `fuse_qkv_projections()` sets after the model's own. Under
+ToMe off (the context stands down at the next forward, and says so once), except where a pipeline sets processors
+of its own (called from a pipeline's method: Attend-and-Excite's attention store; the fused projections'
+processor on a model whose projections are fused, which a pipeline's `fuse_qkv_projections()` sets after the
+model's own): those are wrapped, and ToMe stays on. Under
 `pipe.enable_tome()` (`keep_all`), it is wrapped too, and a forward pre-hook wraps again whatever was
 replaced some other way (`attn.processor = ...`, as PAG pipelines assign theirs): ToMe stays on until
 `disable_tome()`. Without `keep_all`, a processor assigned that way runs as assigned on its module.
@@ -22,11 +24,14 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 import torch
+from diffusers import DiffusionPipeline
 from diffusers.models.attention_processor import FusedAttnProcessor2_0
 
 #: Model methods diffusers uses to replace processors for its own ends, or that read them by class first.
@@ -190,9 +195,11 @@ class KeptMethod:
 
 
 class FusingSwitch:
-    """`set_attn_processor` under `apply_tome`: the user's own switch (ToMe off), except where it sets the fused
-    projections' processor on a model whose projections are fused. A pipeline's `fuse_qkv_projections()` does
-    that after the model's own `fuse_qkv_projections()` (kept already): part of fusing, so ToMe stays on."""
+    """`set_attn_processor` under `apply_tome`: the user's own switch (ToMe off), except where a pipeline sets
+    processors of its own, which ToMe wraps: a pipeline method calling it (Attend-and-Excite sets its attention
+    store's processors at every call and puts the earlier ones back at the end), or the fused projections'
+    processor on a model whose projections are fused (a pipeline's `fuse_qkv_projections()` sets it after the
+    model's own `fuse_qkv_projections()`, kept already). ToMe stays on through both."""
 
     def __init__(self, keeper: ProcessorKeeper, method: Any) -> None:
         self.keeper = keeper
@@ -200,12 +207,18 @@ class FusingSwitch:
         functools.update_wrapper(self, method)
 
     def __call__(self, processor: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(processor, FusedAttnProcessor2_0) and any(
+        fusing = isinstance(processor, FusedAttnProcessor2_0) and any(
             getattr(attn, "fused_projections", False) for attn in self.keeper.attentions
-        ):
+        )
+        if fusing or _called_by_a_pipeline(sys._getframe(1)):
             with self.keeper.unwrapped():
                 return self.method(processor, *args, **kwargs)
         return self.method(processor, *args, **kwargs)
+
+
+def _called_by_a_pipeline(frame: FrameType | None) -> bool:
+    """Whether `frame` runs a method of a diffusers pipeline (its `self` is a `DiffusionPipeline`)."""
+    return frame is not None and isinstance(frame.f_locals.get("self"), DiffusionPipeline)
 
 
 class KeptModuleMethod:

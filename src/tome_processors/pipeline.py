@@ -21,9 +21,12 @@ from typing import Any
 
 import torch
 
-from .apply import apply_tome, check_config, denoiser_of, remove_tome, resolve_config, target_models
+from .apply import apply_plan, denoiser_of, remove_model, remove_tome, target_models
 from .config import Preset, ToMeConfig
+from .families import Family
+from .families.walk import one_walk
 from .hooks import context_of, unwatch_schedule, watch_schedule
+from .plan import plan_tome
 from .processor import ToMeProcessor
 
 logger = logging.getLogger(__name__)
@@ -94,21 +97,20 @@ def enable_tome(
     if ratio is not None:
         options["ratio"] = ratio
     models = _merged_models(pipe, controlnet)
-    # Without a config, each model's family defaults (tomesd's for UNets, docs/transformers.md for
-    # transformers); resolved and validated before anything is changed.
-    configs = [resolve_config(model, config, preset, options) for model in models]
-    for model, model_config in zip(models, configs, strict=True):  # what `apply_tome` refuses, refused here first
-        check_config(model, model_config)
-    config = configs[0]
+    # One plan per model (its family looked up once; without a config, the family's defaults: tomesd's for UNets,
+    # docs/transformers.md for transformers): resolved and validated before anything is changed.
+    plans = [plan_tome(model, config, preset, options) for model in models]
+    config = plans[0].config
     disable_tome(pipe)
     try:
-        for model, model_config in zip(models, configs, strict=True):
-            _forget_model(model)  # enabled earlier through another pipeline sharing it (`from_pipe`)
-            apply_tome(model, model_config)
-            context_of(model).keeper.install(keep_all=True)  # set_attn_processor too: ToMe stays until disable_tome
+        for plan in plans:
+            with one_walk(plan.model, plan.walk):  # enabled earlier through another pipeline sharing it (`from_pipe`)
+                _forget_model(plan.model, plan.family)
+            context = apply_plan(plan, stacklevel=3)
+            context.keeper.install(keep_all=True)  # set_attn_processor too: ToMe stays until disable_tome
     except Exception:
-        for model in models:
-            _forget_model(model)
+        for plan in plans:
+            _forget_model(plan.model, plan.family)
         raise
     object.__setattr__(pipe, PIPELINE_ATTR, _PipelineState(config, models))
     # A new generation at every denoising loop (`ratio_start`: its timesteps), a reset at every call's end,
@@ -118,8 +120,13 @@ def enable_tome(
     return pipe
 
 
-def _forget_model(model: torch.nn.Module) -> None:
-    remove_tome(model)
+def _forget_model(model: torch.nn.Module, family: Family | None = None) -> None:
+    """ToMe off `model` (of `family` where known) and its saved processors unwrapped."""
+    context = context_of(model)
+    if context is not None or family is not None:
+        remove_model(model, context.family if context is not None else family)
+    else:
+        remove_tome(model)
     # fuse_qkv_projections() saved the processors it replaced: make unfuse restore unwrapped ones.
     saved = getattr(model, "original_attn_processors", None)
     if isinstance(saved, dict):

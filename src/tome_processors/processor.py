@@ -14,6 +14,7 @@ from diffusers.models.attention_processor import AttnProcessor2_0, FusedAttnProc
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
 from diffusers.models.transformers.transformer_ltx2 import LTX2PerturbedAttnProcessor
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
+from diffusers.models.transformers.transformer_sana_video import SanaLinearAttnProcessor3_0
 from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
 
 from ._similarity import is_compiling
@@ -562,6 +563,7 @@ _DEFAULT_SIGNATURE = _union_signature(
         FluxAttnProcessor,
         LTX2PerturbedAttnProcessor,  # LTX-2.3's STG: `perturbation_mask`, `all_perturbed`
         QwenDoubleStreamAttnProcessor2_0,
+        SanaLinearAttnProcessor3_0,  # Sana-Video's linear self-attention (an `Attention`, which filters): `rotary_emb`
         ZSingleStreamAttnProcessor,
     ]
 )

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 import torch
 
+from .families.walk import named_modules_of
+
 #: Models already told (once per model).
 _TOLD: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
@@ -80,7 +82,7 @@ def warn_replaced_forwards(model: torch.nn.Module, modules: Iterable[torch.nn.Mo
     if not causes:
         return
     _TOLD.add(model)
-    names = {module: name for name, module in model.named_modules()}
+    names = {module: name for name, module in named_modules_of(model)}
     listed = ", ".join(names.get(module, type(module).__name__) for module, _ in causes[:3])
     more = f" and {len(causes) - 3} more" if len(causes) > 3 else ""
     warnings.warn(

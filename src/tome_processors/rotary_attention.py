@@ -11,9 +11,12 @@ per sample, so the tables become `(B, M, 1, D)` (Wan's, which the processor broa
 did the shared table), `(B, M, D)` or `(B, H, M, D')`: the whole batch runs in one call. Kandinsky's processors
 get one tensor of 2x2 rotation matrices instead of a pair, `(N, 1, D/2, 2, 2)` (Kandinsky 6, and again as the keys'
 `rotary_emb_kv`) or `(B, N, 1, D/2, 2, 2)` (Kandinsky 5), declared with `Rotary(pair=False)`: its rows are gathered
-alike, `(B, M, 1, D/2, 2, 2)`. Allegro's processor gets per-axis tables and each token's row in them, `(tables,
-(t, h, w))` with each index tensor `(1, N)`, declared with `Rotary(indexed=True)`: the tables stay, the indices are
-taken at the merged rows, `(B, M)`, which the processor's lookup turns into one rotation per sample and row.
+alike, `(B, M, 1, D/2, 2, 2)`. AnyFlow's gets a dict of complex tables `{"query": ..., "key": ...}`, each
+`(1, 1, N, D/2)` (`Rotary(pair=False, entries=("query", "key"), heads_axis=True)`): each entry is gathered,
+`(B, 1, M, D/2)`, one gather where both entries are one tensor. Allegro's processor gets per-axis tables and each
+token's row in them, `(tables, (t, h, w))` with each index tensor `(1, N)`, declared with `Rotary(indexed=True)`:
+the tables stay, the indices are taken at the merged rows, `(B, M)`, which the processor's lookup turns into one
+rotation per sample and row.
 """
 
 from __future__ import annotations
@@ -76,17 +79,17 @@ def _run_with_rotations(
     places = [(spec.position, spec.name)]
     if spec.key_name is not None:
         places.append((spec.key_position, spec.key_name))
-    tables = [argument(args, kwargs, *place) for place in places]
-    present = [table for table in tables if table is not None]
+    values = [argument(args, kwargs, *place) for place in places]
+    present = [table for value in values if value is not None for table in _tables_of(value, spec)]
     if present and (
         merge.row_token is None
-        or not all(_fits_rotations(t, merge.batch, merge.num_tokens, spec.batched) for t in present)
+        or not all(_fits_rotations(t, merge.batch, merge.num_tokens, spec.batched, spec.heads_axis) for t in present)
     ):
         slot.skip(Skip.ROTARY, hidden_states)
         return inner(attn, hidden_states, *args, **kwargs)
-    for place, table in zip(places, tables, strict=True):
-        if table is not None:
-            args, kwargs = replace_argument(args, kwargs, *place, merged_rotations(table, merge, spec.batched))
+    for place, value in zip(places, values, strict=True):
+        if value is not None:
+            args, kwargs = replace_argument(args, kwargs, *place, _merged_value(value, merge, spec))
     return merge.unmerge(inner(attn, merge.merge(hidden_states), *args, **kwargs))
 
 
@@ -159,8 +162,28 @@ def merged_indices(rotary: tuple | list, merge: TokenMerge) -> Any:
     return result
 
 
-def _fits_rotations(table: Any, batch: int, num_tokens: int, batched: bool) -> bool:
-    """A tensor of `num_tokens` rows (after a batch axis of `batch`, with `batched`), as `merged_rotations` takes.
+def _tables_of(value: Any, spec: Any) -> list[Any]:
+    """The tables of a rotary argument: the tensor itself, or with `Rotary.entries` each declared entry of its dict
+    (None where one is missing, or where the argument is no dict: such tables do not fit)."""
+    if not spec.entries:
+        return [value]
+    return [value.get(name) if isinstance(value, dict) else None for name in spec.entries]
+
+
+def _merged_value(value: Any, merge: TokenMerge, spec: Any) -> Any:
+    """A rotary argument with its tables at the merged rows: the tensor, or each declared entry of its dict (the
+    others kept)."""
+    if not spec.entries:
+        return merged_rotations(value, merge, spec.batched, spec.heads_axis)
+    merged = dict(value)
+    for name in spec.entries:
+        merged[name] = merged_rotations(value[name], merge, spec.batched, spec.heads_axis)
+    return merged
+
+
+def _fits_rotations(table: Any, batch: int, num_tokens: int, batched: bool, heads_axis: bool = False) -> bool:
+    """A tensor of `num_tokens` rows (after a batch axis of `batch`, with `batched`; after a batch and a heads axis
+    of 1 each, with `heads_axis`), as `merged_rotations` takes.
 
     Example:
         >>> one, batched = torch.zeros(6, 1, 4, 2, 2), torch.zeros(2, 6, 1, 4, 2, 2)
@@ -168,17 +191,24 @@ def _fits_rotations(table: Any, batch: int, num_tokens: int, batched: bool) -> b
         (True, True)
         >>> _fits_rotations(one[:5], 2, 6, batched=False), _fits_rotations((one, one), 2, 6, batched=False)
         (False, False)
+        >>> _fits_rotations(torch.zeros(1, 1, 6, 4), 2, 6, batched=False, heads_axis=True)
+        True
     """
     if not isinstance(table, torch.Tensor):
         return False
+    if heads_axis:
+        return table.ndim >= 3 and table.shape[0] == 1 and table.shape[1] == 1 and table.shape[2] == num_tokens
     if batched:
         return table.ndim >= 2 and table.shape[0] == batch and table.shape[1] == num_tokens
     return table.ndim >= 1 and table.shape[0] == num_tokens
 
 
-def merged_rotations(table: torch.Tensor, merge: TokenMerge, batched: bool = False) -> torch.Tensor:
+def merged_rotations(
+    table: torch.Tensor, merge: TokenMerge, batched: bool = False, heads_axis: bool = False
+) -> torch.Tensor:
     """A tensor of per-token rotations `(N, ...)` (with `batched`, `(B, N, ...)`, one per sample) at every sample's
-    `merge.row_token`: `(B, M, ...)`, one gather.
+    `merge.row_token`: `(B, M, ...)`, one gather. With `heads_axis`, `(1, 1, N, ...)` for the whole batch (AnyFlow's):
+    `(B, 1, M, ...)`.
 
     A merged row is rotated as the token it is kept at (module doc). The result is kept on the merge, keyed by the
     table (as `merged_rotary` keeps its tables): Kandinsky 6's self-attention passes the same table for its queries
@@ -195,7 +225,9 @@ def merged_rotations(table: torch.Tensor, merge: TokenMerge, batched: bool = Fal
     kept = merge.rotary
     if keep and kept and len(kept[0]) == 1 and kept[0][0] is table:
         return kept[1]
-    if batched:
+    if heads_axis:
+        gathered = table[0, 0][merge.row_token].unsqueeze(1)
+    elif batched:
         gathered = table[_sample_index(merge.batch, table.device), merge.row_token]
     else:
         gathered = table[merge.row_token]

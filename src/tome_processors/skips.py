@@ -68,6 +68,7 @@ class Skip(enum.Enum):
         False,
     )
     KV_JOINT = ("joint attention, which K/V pooling (mode='downsample_kv') cannot reach", False)
+    REPLACED = ("processors that replaced every ToMe processor of the model, so ToMe stood down", False)
     # Chosen by the configuration: logged, not warned about.
     PAYS = ("the pays rule (pays_only), which turns merging off where it would not save time", True)
     FLAG_OFF = ("merge_attn / merge_crossattn off for this kind of attention", True)

@@ -60,6 +60,9 @@ class FamilyCase:
         batch_independent: whether a batch of two equals two batches of one (False where the samples are padded to
             each other, say); `why_not_independent` says why.
         output: the model's output as one tensor.
+        linear_attentions: the model's attention modules whose kernel is no `scaled_dot_product_attention` call
+            (Sana's linear attention), where it has any: their calls are counted from the tokens their query and key
+            projections (`to_q`, `to_k`) get.
     """
 
     name: str
@@ -72,6 +75,7 @@ class FamilyCase:
     batch_independent: bool = True
     why_not_independent: str = ""
     output: Callable[[Any], torch.Tensor] = first_output
+    linear_attentions: Callable[[torch.nn.Module], list[torch.nn.Module]] | None = None
 
 
 def _declared() -> dict[str, FamilyCase]:

@@ -11,22 +11,10 @@ the processor stay generic. A family answers four questions about a model:
 4. The default `ToMeConfig` fields and the presets (`"exact"`, `"balanced"`, `"fast"`), chosen per family
    from measured speed and quality (docs/options.md); `ToMeConfig.for_model` builds configs from them.
 
-Supported: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s, as before),
-`PixArtTransformer2DModel`, `SD3Transformer2DModel`, `FluxTransformer2DModel`, `Flux2Transformer2DModel`,
-`ChromaTransformer2DModel`, `QwenImageTransformer2DModel`, `ZImageTransformer2DModel`, and the video models
-`WanTransformer3DModel` (and its derivatives `SkyReelsV2Transformer3DModel`, `WanVACETransformer3DModel`,
-`WanAnimateTransformer3DModel`, `ChronoEditTransformer3DModel`, `HeliosTransformer3DModel`),
-`LTXVideoTransformer3DModel`, `LTX2VideoTransformer3DModel`,
-`HunyuanVideoTransformer3DModel`,
-`HunyuanVideo15Transformer3DModel`, the FLUX-like `Krea2Transformer2DModel`, `Flux3Transformer2DModel` and
-`LongCatImageTransformer2DModel`, the single-stream `QwenImage21Transformer2DModel` and
-`ErnieImageTransformer2DModel`, the image models `HunyuanImageTransformer2DModel` and
-`HiDreamImageTransformer2DModel`, the video models `Kandinsky5Transformer3DModel` and
-`Kandinsky6Transformer3DModel`, the video models `CosmosTransformer3DModel`, `MiniMaxH3Transformer3DModel`,
-`AllegroTransformer3DModel`, `EasyAnimateTransformer3DModel` and `LatteTransformer3DModel` (its spatial blocks), and
-Stable Video Diffusion's `UNetSpatioTemporalConditionModel` (its spatial blocks). Some models are refused with the
-reason (`REFUSED`: Kandinsky 6's super-resolution transformer, whose attention is block-sparse; Cosmos 3 and Mochi,
-whose attention ToMe cannot reach). docs/families.md is the recipe for adding one.
+The families: UNets (any model with `BasicTransformerBlock`s inside `Transformer2DModel`s), Stable Video
+Diffusion's spatial blocks, and the image and video transformers of `FAMILIES`; the classes ToMe refuses, each with
+why, in `REFUSED`. `coverage.coverage()` lists every image and video transformer diffusers ships with its family or
+reason (docs/families.md carries the table), and `register_family` adds a family of your own.
 
 Example:
     >>> from tome_processors.families import family_of
@@ -49,12 +37,23 @@ from .base import (
     Span,
     Stack,
     class_default_processor,
+    is_attention_module,
     is_mergeable_attention,
     mask_where,
     max_downsample_for_levels,
 )
 from .chroma import ChromaFamily, Flux2Family
+from .cog import CogVideoXFamily, CogView3PlusFamily, CogView4Family, ConsisIDFamily
 from .dit import PixArtFamily, SD3Family
+from .edit_more import REFUSED as _EDIT_MORE_REFUSED
+from .edit_more import (
+    AnyFlowFamily,
+    DreamLiteFamily,
+    JoyImageEditFamily,
+    JoyImageEditPlusFamily,
+    MotifVideoFamily,
+    OmniGenFamily,
+)
 from .flux import FluxFamily, IdsGridFamily, grid_from_ids
 from .fluxlike import Flux3Family, Krea2Family, LongCatImageFamily
 from .hunyuanvideo import HunyuanVideo15Family, HunyuanVideoFamily
@@ -65,11 +64,14 @@ from .ltx import LTXVideoFamily
 from .ltx2 import LTX2Family
 from .qwen_ernie import ErnieImageFamily, QwenImage21Family
 from .qwenimage import QwenImageFamily
+from .sana import REFUSED as _SANA_REFUSED
+from .sana import SanaFamily, SanaVideoFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
 from .video_more import REFUSED as _VIDEO_MORE_REFUSED
 from .video_more import AllegroFamily, CosmosFamily, EasyAnimateFamily, LatteFamily, MiniMaxH3Family
 from .wan import SkyReelsV2Family, WanFamily, WanVACEFamily
+from .wan_derived import REFUSED as _WAN_DERIVED_REFUSED
 from .wan_derived import ChronoEditFamily, HeliosFamily, WanAnimateFamily
 from .zimage import ZImageFamily
 
@@ -80,6 +82,10 @@ __all__ = [
     "BlockSite",
     "ChromaFamily",
     "ChronoEditFamily",
+    "CogVideoXFamily",
+    "CogView3PlusFamily",
+    "CogView4Family",
+    "ConsisIDFamily",
     "CosmosFamily",
     "EasyAnimateFamily",
     "ErnieImageFamily",
@@ -112,7 +118,7 @@ __all__ = [
     "SkyReelsV2Family",
     "Span",
     "REFUSED",
-    "SUPPORTED",
+    "REGISTERED",
     "Stack",
     "UNetFamily",
     "ZImageFamily",
@@ -123,18 +129,30 @@ __all__ = [
     "class_default_processor",
     "family_of",
     "find_family",
+    "register_family",
+    "unregister_family",
+    "why_no_family",
     "grid_from_ids",
+    "is_attention_module",
     "is_mergeable_attention",
     "mask_where",
     "max_downsample_for_levels",
     "spatial_transformer_blocks",
     "spatio_temporal_blocks",
+    "SanaFamily",
+    "SanaVideoFamily",
+    "AnyFlowFamily",
+    "DreamLiteFamily",
+    "JoyImageEditFamily",
+    "JoyImageEditPlusFamily",
+    "MotifVideoFamily",
+    "OmniGenFamily",
 ]
 
 
-#: Every supported family by name, in the order `find_family` tries them (the UNet family, which
-#: matches any model with spatial transformer blocks, last). Adding a `Family` subclass here supports it.
-FAMILIES: dict[str, type[Family]] = {
+#: The library's own families by name (the UNet family, which matches any model with spatial transformer blocks,
+#: last). Adding a `Family` subclass here supports it.
+_OWN: dict[str, type[Family]] = {
     cls.name: cls
     for cls in (
         PixArtFamily,
@@ -163,6 +181,18 @@ FAMILIES: dict[str, type[Family]] = {
         HiDreamImageFamily,
         Kandinsky5Family,
         Kandinsky6Family,
+        CogVideoXFamily,
+        ConsisIDFamily,
+        CogView3PlusFamily,
+        CogView4Family,
+        SanaFamily,
+        SanaVideoFamily,
+        JoyImageEditFamily,
+        JoyImageEditPlusFamily,
+        OmniGenFamily,
+        MotifVideoFamily,
+        AnyFlowFamily,
+        DreamLiteFamily,
         CosmosFamily,
         MiniMaxH3Family,
         AllegroFamily,
@@ -172,53 +202,90 @@ FAMILIES: dict[str, type[Family]] = {
         UNetFamily,
     )
 }
-
-#: The model classes ToMe supports, named in the errors and warnings for any other model.
-SUPPORTED = "UNet2DConditionModel (or a model with BasicTransformerBlock in Transformer2DModel), " + ", ".join(
-    (
-        "PixArtTransformer2DModel",
-        "SD3Transformer2DModel",
-        "FluxTransformer2DModel",
-        "Flux2Transformer2DModel",
-        "ChromaTransformer2DModel",
-        "QwenImageTransformer2DModel",
-        "ZImageTransformer2DModel",
-        "WanTransformer3DModel",
-        "SkyReelsV2Transformer3DModel",
-        "WanVACETransformer3DModel",
-        "WanAnimateTransformer3DModel",
-        "ChronoEditTransformer3DModel",
-        "HeliosTransformer3DModel",
-        "LTXVideoTransformer3DModel",
-        "LTX2VideoTransformer3DModel",
-        "HunyuanVideoTransformer3DModel",
-        "HunyuanVideo15Transformer3DModel",
-        "Krea2Transformer2DModel",
-        "Flux3Transformer2DModel",
-        "LongCatImageTransformer2DModel",
-        "QwenImage21Transformer2DModel",
-        "ErnieImageTransformer2DModel",
-        "HunyuanImageTransformer2DModel",
-        "HiDreamImageTransformer2DModel",
-        "Kandinsky5Transformer3DModel",
-        "Kandinsky6Transformer3DModel",
-        "CosmosTransformer3DModel",
-        "MiniMaxH3Transformer3DModel",
-        "AllegroTransformer3DModel",
-        "EasyAnimateTransformer3DModel",
-        "LatteTransformer3DModel",
-        "UNetSpatioTemporalConditionModel",
-    )
-)
-
+#: Every declared family by name, in the order `find_family` tries them: the ones registered with
+#: `register_family` first, then the library's own (the UNet family, which matches any model with spatial
+#: transformer blocks, last).
+FAMILIES: dict[str, type[Family]] = dict(_OWN)
 
 #: Model classes ToMe refuses, each with why: `family_of` (and so `apply_tome`, `enable_tome`, `explain_tome`) raises
 #: that instead of naming the supported families. No family matches them.
-REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED, **_VIDEO_MORE_REFUSED}
+REFUSED: dict[type, str] = {
+    **_KANDINSKY_REFUSED,
+    **_WAN_DERIVED_REFUSED,
+    **_SANA_REFUSED,
+    **_EDIT_MORE_REFUSED,
+    **_VIDEO_MORE_REFUSED,
+}
+
+
+#: Families declared with `register_family`, by name: `find_family` tries them before the library's own.
+REGISTERED: dict[str, type[Family]] = {}
+
+#: Where a refused model's error and a model of no family's error send the user.
+FAMILIES_PAGE = "docs/families.md"
+
+
+def register_family(family: type[Family], *, replace: bool = False) -> type[Family]:
+    """Declare a family of your own: ToMe then merges in its models (`apply_tome`, `enable_tome`,
+    `set_attn_processor(ToMeProcessor(...))`), tried before the library's families. Usable as a decorator.
+
+    The family must name itself (`name`), say which models it matches (`model_class`, or its own `matches`) and
+    where their blocks are (`stacks`, or its own `blocks`); see docs/families.md, "A family of your own".
+
+    Args:
+        family: a `Family` subclass.
+        replace: replace a registered family of the same name (the library's own cannot be replaced; declare
+            yours under another name, it is tried first).
+
+    Raises:
+        TypeError / ValueError: for a family that is not a `Family` subclass, or lacks a name, a way to match its
+            models or its blocks, or whose name is taken; nothing is registered then.
+
+    Example:
+        >>> from diffusers import PixArtTransformer2DModel
+        >>> class MyPixArt(Family):
+        ...     name = "my_pixart"
+        ...     model_class = PixArtTransformer2DModel
+        ...     stacks = (Stack("transformer_blocks", Layout.IMAGE, attention="attn1"),)
+        >>> register_family(MyPixArt) is MyPixArt, "my_pixart" in FAMILIES
+        (True, True)
+        >>> unregister_family("my_pixart")
+    """
+    if not (isinstance(family, type) and issubclass(family, Family)):
+        raise TypeError(f"Expected a Family subclass, but got {family!r}.")
+    name = family.name
+    if not isinstance(name, str) or not name or name == Family.name:
+        raise ValueError(f'Expected a family with a name of its own (`name = "my_model"`), but got {name!r}.')
+    if family.model_class is None and family.matches is Family.matches:
+        raise ValueError(f"Expected family {name!r} to say which models it matches (`model_class`, or `matches`).")
+    if not family.stacks and family.blocks is Family.blocks:
+        raise ValueError(f"Expected family {name!r} to say where its blocks are (`stacks`, or `blocks`).")
+    if name in FAMILIES and not (replace and name in REGISTERED):
+        raise ValueError(
+            f"Expected a family name not taken, but got {name!r}, which "
+            + ("is registered already: pass replace=True." if name in REGISTERED else "is the library's own.")
+        )
+    REGISTERED[name] = family
+    FAMILIES.clear()
+    FAMILIES.update({**REGISTERED, **_OWN})
+    return family
+
+
+def unregister_family(name: str) -> None:
+    """Forget a family declared with `register_family` (its models are then matched as before it).
+
+    Raises:
+        ValueError: for a name no `register_family` call declared.
+    """
+    if name not in REGISTERED:
+        raise ValueError(f"Expected the name of a family declared with register_family, but got {name!r}.")
+    del REGISTERED[name]
+    FAMILIES.clear()
+    FAMILIES.update({**REGISTERED, **_OWN})
 
 
 def find_family(model: torch.nn.Module) -> Family | None:
-    """A fresh `Family` for `model`, or None when ToMe does not support it."""
+    """A fresh `Family` for `model` (a registered one first), or None when none is declared for it."""
     for cls in FAMILIES.values():
         family = cls()
         if family.matches(model):
@@ -226,13 +293,27 @@ def find_family(model: torch.nn.Module) -> Family | None:
     return None
 
 
+def why_no_family(model: Any) -> str:
+    """Why ToMe merges nothing in `model`, of no declared family: the reason ToMe refuses its class (`REFUSED`), or
+    that no family is declared for it; and where to read more (docs/families.md).
+
+    Example:
+        >>> why_no_family(torch.nn.Linear(1, 1))[:60]
+        'Expected a model of a declared family, but got Linear, for w'
+    """
+    for refused, why in REFUSED.items():
+        if isinstance(model, refused):
+            return f"{why} ({FAMILIES_PAGE} lists every diffusers model ToMe merges in, and why not.)"
+    return (
+        f"Expected a model of a declared family, but got {type(model).__name__}, for which none is declared. "
+        f"{FAMILIES_PAGE} lists every diffusers model ToMe merges in (and why not, for the others), and shows how to "
+        "declare a family of your own in about 15 lines (register_family, or apply_tome(model, family=...))."
+    )
+
+
 def family_of(model: Any) -> Family:
-    """The `Family` of `model`; a `ValueError` naming the model's class when it is not supported (saying why where
-    ToMe refuses it: `REFUSED`)."""
+    """The `Family` of `model`; a `ValueError` that says why where there is none (`why_no_family`)."""
     family = find_family(model) if isinstance(model, torch.nn.Module) else None
     if family is None:
-        for refused, why in REFUSED.items():
-            if isinstance(model, refused):
-                raise ValueError(why)
-        raise ValueError(f"Expected a supported model family ({SUPPORTED}), but got {type(model).__name__}.")
+        raise ValueError(why_no_family(model))
     return family

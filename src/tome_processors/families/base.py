@@ -74,6 +74,15 @@ class Rotary:
         key_name / key_position: where the processor takes the keys' rotation as an argument of its own
             (Kandinsky 6's `rotary_emb_kv`), or None. In a merged self-attention the keys are the merged rows
             too, so that table follows them as the queries' does. `Layout.ROTARY` with `pair=False` only.
+        nested: True where the processor gets `(image, text)`, each a `(cos, sin)` pair (the text's may be None),
+            the image's over the image tokens alone (JoyImage-Edit's `(vis_freqs, txt_freqs)`): the image's pair
+            follows the merged rows, the text's is left as it is. Joint layouts only.
+        entries: where the processor gets its tables as a dict, the keys of those that follow the merged rows, each
+            gathered alike (AnyFlow's `{"query": ..., "key": ...}`, one tensor twice: gathered once); empty where it
+            gets tensors. `Layout.ROTARY` with `pair=False` only.
+        heads_axis: True where each table is `(1, 1, N, ...)`, a batch and a heads axis ahead of the tokens', for
+            the whole batch (AnyFlow's complex `(1, 1, N, D/2)`): gathered, `(B, 1, M, ...)`. `Layout.ROTARY` with
+            `pair=False` only.
         indexed: True where the processor gets `(tables, indices)`: rotary tables per axis and, per axis, each
             token's row in them, `(1, N)` or `(N,)` (Allegro's `((t, h, w) tables, (t, h, w) positions)`). The
             tables stay as they are and the indices follow the merged rows, `(B, M)`. `Layout.ROTARY` only.
@@ -87,6 +96,9 @@ class Rotary:
     pair: bool = True
     key_name: str | None = None
     key_position: int = 3
+    nested: bool = False
+    entries: tuple[str, ...] = ()
+    heads_axis: bool = False
     indexed: bool = False
 
 
@@ -131,11 +143,14 @@ class BlockSite:
         if self.sequence_first and self.span is Span.WHOLE:
             raise ValueError("Expected a span other than Span.WHOLE on a sequence-first block, but got Span.WHOLE.")
 
-    def metric(self, hidden_states: torch.Tensor, grid_tokens: int, tail: int = 0) -> torch.Tensor:
-        """The grid's `grid_tokens` tokens of the block input `hidden_states` `(B, S, C)` (a view).
+    def metric(
+        self, hidden_states: torch.Tensor, grid_tokens: int, tail: int = 0, sharded: bool = False
+    ) -> torch.Tensor:
+        """The grid's `grid_tokens` tokens (every frame's) of the block input `hidden_states` `(B, S, C)` (a view).
 
         `tail`: tokens after the grid's in a `Span.TRAILING` input (`ModelState.tail`: FLUX.2's reference
-        images, which follow the text and the generated image's tokens).
+        images, which follow the text and the generated image's tokens). `sharded`: the forward runs under
+        context parallelism, `grid_tokens` being this rank's run (a site whose input splits otherwise can say so).
 
         Example:
             >>> site = BlockSite(torch.nn.Identity(), (), None, Span.TRAILING)
@@ -219,6 +234,17 @@ def mask_where(mask_at: int | tuple[int, str]) -> tuple[int, str]:
         ((1, 'attention_mask'), (0, 'hidden_states_masks'))
     """
     return mask_at if isinstance(mask_at, tuple) else (mask_at, "attention_mask")
+
+
+def is_attention_module(module: torch.nn.Module) -> bool:
+    """Whether `module` is an attention module that holds a processor: `Attention` (UNets, PixArt, SD3) or one of the
+    newer `AttentionModuleMixin` modules (`FluxAttention`, ...).
+
+    Example:
+        >>> is_attention_module(Attention(query_dim=8)), is_attention_module(torch.nn.Linear(1, 1))
+        (True, False)
+    """
+    return isinstance(module, (Attention, AttentionModuleMixin)) and hasattr(module, "processor")
 
 
 def is_mergeable_attention(attn: Any) -> bool:

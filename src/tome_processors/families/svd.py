@@ -17,12 +17,13 @@ from diffusers.models.attention import BasicTransformerBlock
 from diffusers.models.transformers.transformer_temporal import TransformerSpatioTemporalModel
 
 from .unet import UNetFamily
+from .walk import modules_of
 
 
 def spatio_temporal_blocks(model: torch.nn.Module) -> list[BasicTransformerBlock]:
     """The spatial `BasicTransformerBlock`s of every `TransformerSpatioTemporalModel` in `model`, in module order."""
     blocks: list[BasicTransformerBlock] = []
-    for module in model.modules():
+    for module in modules_of(model):
         if isinstance(module, TransformerSpatioTemporalModel):
             blocks.extend(b for b in module.transformer_blocks if isinstance(b, BasicTransformerBlock))
     return blocks

@@ -11,6 +11,7 @@ from diffusers.models.transformers.transformer_temporal import TransformerSpatio
 
 from ..arguments import argument
 from .base import AttentionSite, BlockSite, Family, is_mergeable_attention, max_downsample_for_levels
+from .walk import modules_of
 
 
 def spatial_transformer_blocks(model: torch.nn.Module) -> list[BasicTransformerBlock]:
@@ -20,7 +21,7 @@ def spatial_transformer_blocks(model: torch.nn.Module) -> list[BasicTransformerB
     transformers (AnimateDiff motion modules) attends over frames, and merging would mix them.
     """
     blocks: list[BasicTransformerBlock] = []
-    for module in model.modules():
+    for module in modules_of(model):
         if isinstance(module, Transformer2DModel):
             blocks.extend(b for b in module.transformer_blocks if isinstance(b, BasicTransformerBlock))
     return blocks
@@ -52,7 +53,7 @@ def _spatial_self_attention_blocks(model: torch.nn.Module) -> list[BasicTransfor
     blocks built with `only_cross_attention` attend to the text twice and merge nothing by default."""
     blocks = [
         block
-        for module in model.modules()
+        for module in modules_of(model)
         if isinstance(module, (Transformer2DModel, TransformerSpatioTemporalModel))
         for block in module.transformer_blocks
         if isinstance(block, BasicTransformerBlock)

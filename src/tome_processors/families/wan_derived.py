@@ -9,16 +9,20 @@ a feed-forward) and its 5-D latent, so each is a `WanFamily`; what differs is wh
   time between a 2-frame clip's frames);
 - Helios (`HeliosTransformer3DModel`): the history of the clips generated before, as tokens ahead of the clip's.
 
-`WanAnimate2Transformer3DModel` (Wan-Animate 2) is not supported: see `WanAnimateFamily`.
+`WanAnimate2Transformer3DModel` (Wan-Animate 2) is refused, with the reason (`REFUSED`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import torch
-from diffusers import ChronoEditTransformer3DModel, HeliosTransformer3DModel, WanAnimateTransformer3DModel
+from diffusers import (
+    ChronoEditTransformer3DModel,
+    HeliosTransformer3DModel,
+    WanAnimate2Transformer3DModel,
+    WanAnimateTransformer3DModel,
+)
 
 from .base import AttentionSite, BlockSite, Layout, Rotary, Span
 from .wan import WanFamily
@@ -74,28 +78,18 @@ class ChronoEditFamily(WanFamily):
 class _ClipSite(BlockSite):
     """A Helios block: its input is the history's tokens, then the clip's `frames x h x w` (`Span.TRAILING`).
 
-    The block's metric is the clip's tokens, all its frames: the hooks pass the grid's tokens of one frame
-    (`grid_tokens`), so the frames are read from the model's ToMe state. Under context parallelism diffusers' plan
-    for Helios splits each attention's input, history and clip as one sequence: a rank's run is then no grid of the
-    clip where a history precedes it (the whole input is returned, and its attentions say they got fewer tokens
-    than the grid holds).
+    Under context parallelism diffusers' plan for Helios splits each attention's input, history and clip as one
+    sequence: a rank's run is then no grid of the clip where a history precedes it, so the whole input is the metric
+    (and its attentions say they got fewer tokens than the grid holds).
     """
 
-    model: Any = field(default=None, compare=False, repr=False)
-
-    def metric(self, hidden_states: torch.Tensor, grid_tokens: int, tail: int = 0) -> torch.Tensor:
-        from ..hooks import context_of  # the hooks import the families
-
-        context = context_of(self.model) if self.model is not None else None
-        if context is None or hidden_states.ndim != 3:
-            return super().metric(hidden_states, grid_tokens, tail)
-        state = context.model_state
-        extra = state.shard.extra if state.shard is not None else 0
-        clip = state.frames * (grid_tokens - extra) + extra
-        tokens = int(hidden_states.shape[1])
-        if tokens < clip + tail or (state.shard is not None and tokens != clip):
+    def metric(
+        self, hidden_states: torch.Tensor, grid_tokens: int, tail: int = 0, sharded: bool = False
+    ) -> torch.Tensor:
+        tokens = int(hidden_states.shape[1]) if hidden_states.ndim == 3 else 0
+        if sharded and tokens != grid_tokens:
             return hidden_states
-        return hidden_states[:, tokens - tail - clip : tokens - tail]
+        return super().metric(hidden_states, grid_tokens, tail, sharded)
 
 
 class HeliosFamily(WanFamily):
@@ -132,5 +126,20 @@ class HeliosFamily(WanFamily):
                 attentions.append(AttentionSite(block.attn1, False, Layout.TEXT_FIRST))
             cross = Layout.IMAGE if block.guidance_cross_attn else Layout.TEXT_FIRST
             attentions.append(AttentionSite(block.attn2, True, cross))
-            sites.append(_ClipSite(block, tuple(attentions), block.ffn, Span.TRAILING, model=model))
+            sites.append(_ClipSite(block, tuple(attentions), block.ffn, Span.TRAILING))
         return sites
+
+
+#: The model classes of this module ToMe refuses, each with why (`families.family_of` raises it). Wan-Animate 2's
+#: self-attention processor (`WanAnimate2AttnProcessor`, transformer_wan_animate_2.py) builds its rotary positions
+#: inside itself from `grid_sizes` over the first frames x h x w tokens (`rope_apply`), caches the reference pass's
+#: keys and values per layer, and in the generation pass scatters its queries frame by frame into a flex-attention
+#: block mask's buffer: fewer tokens line up with none of the three.
+REFUSED: dict[type, str] = {
+    WanAnimate2Transformer3DModel: (
+        "Expected a model whose attention ToMe can merge, but got WanAnimate2Transformer3DModel: its self-attention "
+        "processor builds the rotary positions itself from the grid's size over the first frames x h x w tokens, "
+        "caches the reference pass's keys and values per layer and scatters the queries frame by frame into a "
+        "flex-attention block mask, none of which merged tokens line up with. ToMe cannot merge in this model."
+    )
+}
