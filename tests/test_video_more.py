@@ -47,7 +47,7 @@ def tiny_mochi() -> MochiTransformer3DModel:
 @pytest.mark.parametrize(
     "build, why",
     [
-        (tiny_cosmos3, "cannot reach the video's tokens"),
+        (tiny_cosmos3, "ToMe cannot reach the video.s tokens"),
         (tiny_mochi, "cannot put its processor in place of Mochi's"),
     ],
     ids=["cosmos3", "mochi"],

@@ -44,7 +44,6 @@ from ..skips import Skip, report_skip
 from .base import AttentionSite, BlockSite, Family, Layout, Rotary, Span, Stack
 from .dit import PixArtFamily
 from .wan import WanFamily
-from .wan_derived import _ClipSite
 
 
 class LatentVideoFamily(Family):
@@ -251,6 +250,8 @@ class MiniMaxH3Family(Family):
     # forward(hidden_states, audio_hidden_states, encoder_hidden_states, timestep, timestep_indices, token_tags,
     # position_ids, ...)
     timestep_position = 3
+    # Each block's attention over the packed sequence; its metric the video's tokens (every frame's), last.
+    stacks = (Stack("transformer_blocks", Layout.TEXT_FIRST, feed_forward="ff", span=Span.TRAILING),)
     vae_scale_factor = 16
     #: Its video VAE encodes chunks of 17 pixel frames into 5 latent frames (`latent_frames`).
     frames_per_chunk, latents_per_chunk = 17, 5
@@ -265,15 +266,6 @@ class MiniMaxH3Family(Family):
 
     def __getstate__(self) -> dict:  # a copy reads its position ids afresh (the last read holds weak references)
         return {**vars(self), "_last": None}
-
-    def blocks(self, model: torch.nn.Module) -> list[BlockSite]:
-        """Each block's attention over the packed sequence, its metric the video's tokens (all its frames), last."""
-        return [
-            _ClipSite(
-                block, (AttentionSite(block.attn, False, Layout.TEXT_FIRST),), block.ff, Span.TRAILING, model=model
-            )
-            for block in model.transformer_blocks
-        ]
 
     def latent_frames(self, num_frames: int, stride: int | None = None) -> int:
         """Latent frames of a clip of `num_frames` pixel frames, snapped up to `17 n + 5` as its pipelines do: 5 latent
@@ -417,7 +409,7 @@ REFUSED: dict[type, str] = {
         "text (understanding) stream first and the video, sound and action tokens second, each as one packed (tokens, "
         "channels) sequence without a batch axis, and its attention gets both with four rotary tables "
         "(Cosmos3PackedMoTAttention, transformer_cosmos3.py). ToMe reads a block's first input as its image tokens and "
-        "merges (batch, tokens, channels) tensors, so it cannot reach the video's tokens there."
+        "merges (batch, tokens, channels) tensors: ToMe cannot reach the video's tokens there."
     ),
     MochiTransformer3DModel: (
         "Expected a model whose attention ToMe can merge, but got MochiTransformer3DModel: its attention "
