@@ -19,6 +19,8 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_bria import BriaAttention, BriaAttnProcessor
 from diffusers.models.transformers.transformer_bria_fibo import BriaFiboAttention, BriaFiboAttnProcessor
 from diffusers.models.transformers.transformer_cogview4 import CogView4AttnProcessor
+from diffusers.models.transformers.transformer_cosmos import CosmosAttnProcessor2_0
+from diffusers.models.transformers.transformer_easyanimate import EasyAnimateAttnProcessor2_0
 from diffusers.models.transformers.transformer_flux import (
     FluxAttention,
     FluxAttnProcessor,
@@ -38,6 +40,7 @@ from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageA
 from diffusers.models.transformers.transformer_joyimage import JoyImageAttention, JoyImageAttnProcessor
 from diffusers.models.transformers.transformer_krea2 import Krea2Attention, Krea2AttnProcessor
 from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttention, LongCatImageAttnProcessor
+from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Attention, MiniMaxH3AttnProcessor
 from diffusers.models.transformers.transformer_motif_video import MotifVideoAttention, MotifVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEAttnProcessor2_0
 from diffusers.models.transformers.transformer_omnigen import OmniGenAttnProcessor2_0
@@ -186,6 +189,24 @@ def _qwenimage21(processor: type) -> tuple[torch.nn.Module, object, dict]:
     return QwenImage21Attention(DIM, HEADS, HEAD_DIM), processor(), {"text": False, "qwen21": True}
 
 
+def _cosmos() -> tuple[torch.nn.Module, object, dict]:
+    """Cosmos's self-attention (`attn1`): the video tokens alone, rotated with tables over them."""
+    attn = Attention(DIM, heads=HEADS, dim_head=HEAD_DIM, qk_norm="rms_norm", elementwise_affine=True, out_bias=False)
+    return attn, CosmosAttnProcessor2_0(), {"text": False}
+
+
+def _easyanimate() -> tuple[torch.nn.Module, object, dict]:
+    """EasyAnimate's joint attention (text first, its own projections): its tables cover the video alone."""
+    attn = Attention(DIM, dim_head=HEAD_DIM, heads=HEADS, qk_norm="layer_norm", eps=1e-6, bias=True,
+                     added_proj_bias=True, added_kv_proj_dim=DIM, context_pre_only=False)  # fmt: skip
+    return attn, EasyAnimateAttnProcessor2_0(), {"text": True, "image_only_rotary": True}
+
+
+def _minimax_h3() -> tuple[torch.nn.Module, object, dict]:
+    """MiniMax-H3's attention over its packed sequence: tables over every token, passed as `rotary_emb`."""
+    return MiniMaxH3Attention(DIM, HEADS, HEAD_DIM), MiniMaxH3AttnProcessor(), {"text": False, "rotary": "rotary_emb"}
+
+
 def _joyimage() -> tuple[torch.nn.Module, object, dict]:
     """JoyImage-Edit's joint attention: `((cos, sin), None)`, the image's pair over the image alone, no text table."""
     return JoyImageAttention(DIM, HEADS, HEAD_DIM), JoyImageAttnProcessor(), {"text": True, "nested": True}
@@ -241,6 +262,9 @@ def _nucleusmoe() -> tuple[torch.nn.Module, object, dict]:
 
 
 PROCESSORS = {
+    "cosmos": _cosmos,
+    "minimax-h3": _minimax_h3,
+    "easyanimate": _easyanimate,
     "flux-joint": _flux_joint,
     "flux-single": _flux_single,
     "flux-ip-adapter": _flux_ip_adapter,
@@ -323,7 +347,7 @@ def test_processors_given_sample_tables_match_one_call_per_sample(name, one_thre
             return processor(attn, pick(image), pick(image), image_rotary_emb=rotary, **extra)
         if parts["text"]:
             return processor(attn, pick(image), pick(text), image_rotary_emb=rotary, **extra)
-        return processor(attn, pick(image), image_rotary_emb=rotary, **extra)
+        return processor(attn, pick(image), **{parts.get("rotary", "image_rotary_emb"): rotary}, **extra)
 
     with torch.no_grad():
         batched = call(None, batched_rotary)

@@ -16,6 +16,10 @@ model has; diffusers names the 40 of the released model, and fails on fewer). He
 ahead of the clip's, split with them as one sequence: there a rank's tokens form no grid of the clip, and ToMe merges
 nothing and says so.
 
+MiniMax-H3 runs diffusers' own plan, which splits its packed sequence (text, audio, then the video) at the first block:
+a rank's tokens are a share of the video behind the text and audio on one rank and video alone on the other, unequal
+shares, and every rank must merge as many tokens for the collectives, so ToMe merges nothing and says so.
+
 Every scenario runs in one spawn of two ranks (`scenarios`, module fixture `ranks`); the tests read its results.
 """
 
@@ -158,6 +162,13 @@ def _helios(history: bool = False):
     return tiny_helios(), helios_inputs(batch=1, frames=2, h=16, w=16, history=history)
 
 
+def _minimax_h3():
+    """t2va: 8 text rows, 6 audio rows, then 2 frames of 6 x 8 video rows: 110 rows, 55 a rank."""
+    from family_cases.video_more import minimax_h3_inputs, tiny_minimax_h3
+
+    return tiny_minimax_h3(), minimax_h3_inputs(batch=1, keyframes=(), text=8)
+
+
 def _forward(model: torch.nn.Module, inputs: dict) -> np.ndarray:
     with torch.no_grad():
         return model(**inputs, return_dict=False)[0].numpy()
@@ -238,6 +249,7 @@ def scenarios(rank: int, world_size: int) -> dict:
             "chronoedit": _case(_chronoedit, None),
             "helios": _case(_helios, helios_plan(_helios()[0])),
             "helios-history": _case(lambda: _helios(history=True), helios_plan(_helios()[0])),
+            "minimax_h3": _case(_minimax_h3, None),
         }
 
 
@@ -312,6 +324,18 @@ def test_helios_history_split_with_the_clip_merges_nothing_and_says_so(ranks):
         np.testing.assert_allclose(result["parallel_plain"], result["plain"], atol=1e-4)
         assert set(result["tokens"]) == {144}
         assert len(result["skips"]) == 1 and "fewer tokens than its block's grid" in result["skips"][0], result["skips"]
+        np.testing.assert_array_equal(result["out"], result["parallel_plain"])
+        np.testing.assert_array_equal(result["removed"], result["parallel_plain"])
+
+
+def test_minimax_h3_plan_splits_text_and_video_as_one_sequence_and_tome_merges_nothing(ranks):
+    # Diffusers' own plan equals one process; with ToMe each rank runs its 55 rows whole, said once, and the output is
+    # the plan's own.
+    for result in (rank["minimax_h3"] for rank in ranks):
+        np.testing.assert_allclose(result["parallel_plain"], result["plain"], atol=1e-4)
+        assert _change(result["solo_tome"], result["plain"]) > 1e-3  # one process merges
+        assert set(result["tokens"]) == {55}
+        assert len(result["skips"]) == 1 and "unequal shares of the video's tokens" in result["skips"][0]
         np.testing.assert_array_equal(result["out"], result["parallel_plain"])
         np.testing.assert_array_equal(result["removed"], result["parallel_plain"])
 

@@ -10,6 +10,9 @@ the same products as a call per sample, in one call for the batch. Qwen-Image's 
 its complex `(S, D)` image table (Qwen-Image 2.1's: the whole sequence's) as `table.unsqueeze(1)`, `(S, 1, D)`
 against queries `(B, S, H, D)`; `SampleTables` answers that with `(B, S, 1, D)`. JoyImage-Edit's processor views its
 `(S, D)` tables as `table.view(1, S, 1, D)` against queries `(B, S, H, D)`; `SampleTables` answers with `(B, S, 1, D)`.
+MiniMax-H3's processor reads the table's width (`table.shape[-1]`, the rotated channels) and casts it
+(`table.to(dtype)`) before the `[None, :, None, :]` view: `SampleTables` answers with one sample's shape `(S, D)`
+and tables cast alike.
 
 Only processors whose code is known to use the table through those views get one (`takes_sample_tables`);
 any other processor is run one sample at a time with a plain table (`joint_attention`), so a processor
@@ -29,6 +32,8 @@ from diffusers.models.attention_processor import (
 from diffusers.models.transformers.transformer_bria import BriaAttnProcessor
 from diffusers.models.transformers.transformer_bria_fibo import BriaFiboAttnProcessor
 from diffusers.models.transformers.transformer_cogview4 import CogView4AttnProcessor
+from diffusers.models.transformers.transformer_cosmos import CosmosAttnProcessor2_0
+from diffusers.models.transformers.transformer_easyanimate import EasyAnimateAttnProcessor2_0
 from diffusers.models.transformers.transformer_flux import FluxAttnProcessor, FluxIPAdapterAttnProcessor
 from diffusers.models.transformers.transformer_flux2 import Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor
 from diffusers.models.transformers.transformer_flux3 import Flux3AttnProcessor
@@ -39,6 +44,7 @@ from diffusers.models.transformers.transformer_hunyuanimage import HunyuanImageA
 from diffusers.models.transformers.transformer_joyimage import JoyImageAttnProcessor
 from diffusers.models.transformers.transformer_krea2 import Krea2AttnProcessor
 from diffusers.models.transformers.transformer_longcat_image import LongCatImageAttnProcessor
+from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor
 from diffusers.models.transformers.transformer_motif_video import MotifVideoAttnProcessor2_0
 from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEAttnProcessor2_0
 from diffusers.models.transformers.transformer_omnigen import OmniGenAttnProcessor2_0
@@ -51,15 +57,18 @@ __all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sa
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
 #: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1, Motif-Video,
 #: Bria, Bria Fibo, Ovis-Image, GLM-Image) or its default `sequence_dim=2` (CogVideoX, ConsisID and CogView 3 Plus,
-#: fused or not; CogView 4, `use_real_unbind_dim=-2`; OmniGen; Hunyuan-DiT's `HunyuanAttnProcessor2_0`),
-#: `apply_rotary_emb_qwen(x, table, use_real=False)` and its like, `table.unsqueeze(1)` (Qwen-Image, Qwen-Image 2.1,
-#: whose processors must see the whole batch at once: the first step's call stores the batch's keys and values in its
-#: cache; Nucleus-MoE-Image), or `table.view(1, S, 1, D)` (JoyImage-Edit). Exact types: a subclass may read the table
-#: some other way.
+#: fused or not; CogView 4 and Cosmos's self-attention, `use_real_unbind_dim=-2`; OmniGen; EasyAnimate's video tokens;
+#: Hunyuan-DiT's `HunyuanAttnProcessor2_0`), `apply_rotary_emb_qwen(x, table, use_real=False)` and its like,
+#: `table.unsqueeze(1)` (Qwen-Image, Qwen-Image 2.1, whose processors must see the whole batch at once: the first
+#: step's call stores the batch's keys and values in its cache; Nucleus-MoE-Image), `table.view(1, S, 1, D)`
+#: (JoyImage-Edit), or MiniMax-H3's `_apply_rotary_emb` (`cos.shape[-1]`, `cos.to(dtype)[None, :, None, :]`). Exact
+#: types: a subclass may read the table some other way.
 SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
     {
         CogVideoXAttnProcessor2_0,
         CogView4AttnProcessor,
+        CosmosAttnProcessor2_0,
+        EasyAnimateAttnProcessor2_0,
         FusedCogVideoXAttnProcessor2_0,
         FluxAttnProcessor,
         FluxIPAdapterAttnProcessor,
@@ -75,6 +84,7 @@ SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
         MotifVideoAttnProcessor2_0,
         OmniGenAttnProcessor2_0,
         HunyuanAttnProcessor2_0,
+        MiniMaxH3AttnProcessor,
         QwenDoubleStreamAttnProcessor2_0,
         QwenImage21AttnProcessor,
         QwenImage21FlexAttnProcessor,
@@ -100,6 +110,8 @@ class SampleTables:
         ((2, 5, 1, 4), (2, 1, 5, 4))
         >>> tuple(tables.unsqueeze(1).shape)
         (2, 5, 1, 4)
+        >>> tables.shape, tables.to(torch.float16).table.dtype  # one sample's shape; cast alike
+        (torch.Size([5, 4]), torch.float16)
     """
 
     __slots__ = ("table",)
@@ -118,6 +130,15 @@ class SampleTables:
             f"Expected the view [None, :, None, :] or [None, None, :, :] that diffusers' apply_rotary_emb takes of a "
             f"rotary table, but got [{key}]."
         )
+
+    @property
+    def shape(self) -> torch.Size:
+        """One sample's table's shape, `(S, D)`, as a processor that reads the table's width sees it."""
+        return self.table.shape[1:]
+
+    def to(self, *args: Any, **kwargs: Any) -> SampleTables:
+        """The tables cast or moved alike (`torch.Tensor.to`'s arguments)."""
+        return SampleTables(self.table.to(*args, **kwargs))
 
     def view(self, *shape: int) -> torch.Tensor:
         """JoyImage-Edit's view, `(S, D) -> (1, S, 1, D)`: `(B, S, 1, D)`, each sample's rows against its queries.

@@ -196,8 +196,7 @@ def _explain_model(
     grid = (max(height // stride, 1), max(width // stride, 1))
     frames = 1
     if family.video:
-        stride_t = scale.temporal or family.frames_per_latent
-        frames = 1 + (max(num_frames or 1, 1) - 1) // stride_t + family.extra_latent_frames
+        frames = family.latent_frames(num_frames or 1, scale.temporal)
         # Latent frames a token (CogVideoX 1.5's 2; its pipelines pad the latent to a multiple of them).
         patch_t = int(getattr(model.config, "patch_size_t", None) or 1)
         frames = -(-frames // patch_t)

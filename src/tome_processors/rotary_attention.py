@@ -13,7 +13,10 @@ get one tensor of 2x2 rotation matrices instead of a pair, `(N, 1, D/2, 2, 2)` (
 `rotary_emb_kv`) or `(B, N, 1, D/2, 2, 2)` (Kandinsky 5), declared with `Rotary(pair=False)`: its rows are gathered
 alike, `(B, M, 1, D/2, 2, 2)`. AnyFlow's gets a dict of complex tables `{"query": ..., "key": ...}`, each
 `(1, 1, N, D/2)` (`Rotary(pair=False, entries=("query", "key"), heads_axis=True)`): each entry is gathered,
-`(B, 1, M, D/2)`, one gather where both entries are one tensor.
+`(B, 1, M, D/2)`, one gather where both entries are one tensor. Allegro's processor gets per-axis tables and each
+token's row in them, `(tables, (t, h, w))` with each index tensor `(1, N)`, declared with `Rotary(indexed=True)`:
+the tables stay, the indices are taken at the merged rows, `(B, M)`, which the processor's lookup turns into one
+rotation per sample and row.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def run_with_rotary(
     inner = processor.inner
     merge = processor._merge_for(slot, hidden_states, args, kwargs)
     spec = slot.block.model.rotary  # None: Wan's `rotary_emb`
+    if spec is not None and spec.indexed:  # per-axis tables and each token's row in them (Allegro's)
+        return _run_with_indices(inner, slot, merge, attn, hidden_states, args, kwargs, spec)
     if spec is not None and not spec.pair:  # one tensor of rotations (Kandinsky's)
         return _run_with_rotations(inner, slot, merge, attn, hidden_states, args, kwargs, spec)
     where = (spec.position, spec.name) if spec is not None else _ROTARY
@@ -86,6 +91,75 @@ def _run_with_rotations(
         if value is not None:
             args, kwargs = replace_argument(args, kwargs, *place, _merged_value(value, merge, spec))
     return merge.unmerge(inner(attn, merge.merge(hidden_states), *args, **kwargs))
+
+
+def _run_with_indices(
+    inner: Any,
+    slot: Any,
+    merge: TokenMerge | None,
+    attn: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    args: tuple,
+    kwargs: dict,
+    spec: Any,
+) -> Any:
+    """`run_with_rotary` where the processor gets `(tables, indices)` (`Rotary(indexed=True)`): the indices of every
+    axis are taken at the merged rows (`merged_indices`), the tables passed as they are."""
+    if merge is None:  # `_merge_for` said why
+        return inner(attn, hidden_states, *args, **kwargs)
+    where = (spec.position, spec.name)
+    rotary = argument(args, kwargs, *where)
+    if rotary is not None:
+        if merge.row_token is None or not _fits_indices(rotary, merge.num_tokens):
+            slot.skip(Skip.ROTARY, hidden_states)
+            return inner(attn, hidden_states, *args, **kwargs)
+        args, kwargs = replace_argument(args, kwargs, *where, merged_indices(rotary, merge))
+    return merge.unmerge(inner(attn, merge.merge(hidden_states), *args, **kwargs))
+
+
+def _fits_indices(rotary: Any, num_tokens: int) -> bool:
+    """`(tables, indices)` whose indices are integer tensors of `num_tokens` rows each, `(1, N)` or `(N,)`.
+
+    Example:
+        >>> tables, rows = (torch.zeros(4, 2),), (torch.arange(6)[None], torch.arange(6))
+        >>> _fits_indices((tables, rows), 6), _fits_indices((tables, rows), 5), _fits_indices(rows, 6)
+        (True, False, False)
+    """
+    if not (isinstance(rotary, (tuple, list)) and len(rotary) == 2 and isinstance(rotary[1], (tuple, list))):
+        return False
+    return all(
+        isinstance(t, torch.Tensor)
+        and not t.is_floating_point()
+        and t.shape[-1] == num_tokens
+        and (t.ndim == 1 or (t.ndim == 2 and t.shape[0] == 1))
+        for t in rotary[1]
+    )
+
+
+def merged_indices(rotary: tuple | list, merge: TokenMerge) -> Any:
+    """`(tables, indices)` with each axis's indices `(1, N)` (or `(N,)`) at every sample's `merge.row_token`:
+    `(B, M)` each; the tables as they are.
+
+    A merged row is rotated as the token it is kept at (module doc). The result is kept on the merge, keyed by the
+    first index tensor (a merge shared by several blocks, `share_level`, gathers once per forward).
+
+    Example:
+        >>> from tome_processors.merge import bipartite_soft_matching_2d
+        >>> merge = bipartite_soft_matching_2d(torch.eye(4)[None], 1, 4, 2, 1, 1, with_row_token=True)
+        >>> tables, indices = merged_indices(("tables", (torch.arange(10, 14)[None],)), merge)
+        >>> tables, indices[0].tolist()  # rows kept at tokens 0, 2 and 3
+        ('tables', [[10, 12, 13]])
+    """
+    tables, indices = rotary
+    keep = not is_compiling()
+    kept = merge.rotary
+    if keep and kept and len(kept[0]) == 1 and kept[0][0] is indices[0]:
+        return kept[1]
+    gathered = type(indices)(t.reshape(-1)[merge.row_token.to(t.device)] for t in indices)
+    result = type(rotary)((tables, gathered))
+    if keep:
+        kept[:] = [(indices[0],), result]
+    return result
 
 
 def _tables_of(value: Any, spec: Any) -> list[Any]:

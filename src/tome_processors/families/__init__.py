@@ -86,6 +86,8 @@ from .sana import REFUSED as _SANA_REFUSED
 from .sana import SanaFamily, SanaVideoFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
+from .video_more import REFUSED as _VIDEO_MORE_REFUSED
+from .video_more import AllegroFamily, CosmosFamily, EasyAnimateFamily, LatteFamily, MiniMaxH3Family
 from .wan import SkyReelsV2Family, WanFamily, WanVACEFamily
 from .wan_derived import REFUSED as _WAN_DERIVED_REFUSED
 from .wan_derived import ChronoEditFamily, HeliosFamily, WanAnimateFamily
@@ -172,6 +174,11 @@ __all__ = [
     "NucleusMoEImageFamily",
     "OvisImageFamily",
     "PRXFamily",
+    "AllegroFamily",
+    "CosmosFamily",
+    "EasyAnimateFamily",
+    "LatteFamily",
+    "MiniMaxH3Family",
 ]
 
 
@@ -232,6 +239,11 @@ _OWN: dict[str, type[Family]] = {
         NucleusMoEImageFamily,
         PRXFamily,
         OvisImageFamily,
+        CosmosFamily,
+        MiniMaxH3Family,
+        AllegroFamily,
+        EasyAnimateFamily,
+        LatteFamily,
         SVDFamily,
         UNetFamily,
     )
@@ -243,7 +255,13 @@ FAMILIES: dict[str, type[Family]] = dict(_OWN)
 
 #: Model classes ToMe refuses, each with why: `family_of` (and so `apply_tome`, `enable_tome`, `explain_tome`) raises
 #: that instead of naming the supported families. No family matches them.
-REFUSED: dict[type, str] = {**_KANDINSKY_REFUSED, **_WAN_DERIVED_REFUSED, **_SANA_REFUSED, **_EDIT_MORE_REFUSED}
+REFUSED: dict[type, str] = {
+    **_KANDINSKY_REFUSED,
+    **_WAN_DERIVED_REFUSED,
+    **_SANA_REFUSED,
+    **_EDIT_MORE_REFUSED,
+    **_VIDEO_MORE_REFUSED,
+}
 
 
 #: Families declared with `register_family`, by name: `find_family` tries them before the library's own.

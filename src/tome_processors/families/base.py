@@ -92,6 +92,9 @@ class Rotary:
         sequence_dim: with `batched`, the tables' token axis: 1 for `(B, S, ...)`; 2 where a head axis comes
             first, `(B, 1, S, ...)` (PRX's one tensor of 2x2 rotations, `(B, 1, N, D/2, 2, 2)`). Joint layouts
             only.
+        indexed: True where the processor gets `(tables, indices)`: rotary tables per axis and, per axis, each
+            token's row in them, `(1, N)` or `(N,)` (Allegro's `((t, h, w) tables, (t, h, w) positions)`). The
+            tables stay as they are and the indices follow the merged rows, `(B, M)`. `Layout.ROTARY` only.
     """
 
     name: str = "image_rotary_emb"
@@ -106,6 +109,7 @@ class Rotary:
     entries: tuple[str, ...] = ()
     heads_axis: bool = False
     sequence_dim: int = 1
+    indexed: bool = False
 
 
 @dataclass(frozen=True)
@@ -352,6 +356,19 @@ class Family:
     #: Latent frames the family's pipelines put ahead of the clip's in the model's input (Wan-Animate: the reference
     #: image's), which its token grid counts: `explain_tome` adds them to the clip's.
     extra_latent_frames = 0
+
+    def latent_frames(self, num_frames: int, stride: int | None = None) -> int:
+        """The latent frames the model gets for a clip of `num_frames` pixel frames (`explain_tome`): the first frame
+        alone, then one latent frame per `stride` pixel frames (the pipeline's VAE's stride, else `frames_per_latent`),
+        and the `extra_latent_frames` the pipelines put ahead of the clip's.
+
+        Example:
+            >>> from tome_processors.families import FAMILIES
+            >>> FAMILIES["wan"]().latent_frames(81), FAMILIES["wan_animate"]().latent_frames(77)
+            (21, 21)
+        """
+        stride = stride or self.frames_per_latent
+        return 1 + (max(num_frames, 1) - 1) // stride + self.extra_latent_frames
 
     def matches(self, model: torch.nn.Module) -> bool:
         if self.model_class is None:

@@ -20,7 +20,21 @@ from diffusers import ModelMixin
 
 from . import FAMILIES, REFUSED, Family
 
-__all__ = ["NOT_IMAGE_OR_VIDEO", "PIPELINES", "Coverage", "coverage", "coverage_table", "family_for_class"]
+__all__ = [
+    "MEASURED_PRESETS",
+    "NOT_IMAGE_OR_VIDEO",
+    "PIPELINES",
+    "Coverage",
+    "coverage",
+    "coverage_table",
+    "family_for_class",
+    "presets_source",
+]
+
+#: The families whose presets were chosen from measured speed and the output change on a trained model of their
+#: own shape (docs/options.md): the UNets, the PixArt-shaped DiT (PixArt, SD3), FLUX.1 and Wan. The others borrow
+#: the presets of the nearest of these.
+MEASURED_PRESETS = ("unet", "pixart", "sd3", "flux", "wan")
 
 #: diffusers' transformer classes that make no image or video (audio, music, proteins, an image-embedding prior),
 #: and the building blocks of the UNets (merged as the UNet family's blocks): not counted.
@@ -117,6 +131,7 @@ class Coverage:
         reason: why ToMe refuses it, or None.
         pipelines: the pipeline folders that build it.
         cp_plan: whether diffusers ships a context-parallel plan for it (`_cp_plan`).
+        presets: where its family's presets come from (`presets_source`); "" where refused.
     """
 
     name: str
@@ -124,12 +139,33 @@ class Coverage:
     reason: str | None
     pipelines: tuple[str, ...]
     cp_plan: bool
+    presets: str = ""
 
     @property
     def undecided(self) -> bool:
         """Neither merged nor refused: a class no family or reason is declared for (a diffusers release newer than
         this library's)."""
         return self.family is None and self.reason is None
+
+
+def presets_source(family: type[Family]) -> str:
+    """Where `family`'s presets come from: `"measured"` on a trained model of its shape, or the measured family it
+    borrows them from.
+
+    Example:
+        >>> presets_source(FAMILIES["flux"]), presets_source(FAMILIES["chroma"])
+        ('measured', "FLUX.1's, borrowed")
+    """
+    if family.name in MEASURED_PRESETS:
+        return "measured"
+    for origin in MEASURED_PRESETS:
+        if family.presets == FAMILIES[origin].presets:
+            return f"{_NAMES[origin]}'s, borrowed"
+    return "its own, not measured"
+
+
+#: How the measured families are named in `presets_source`.
+_NAMES = {"unet": "the UNets", "pixart": "PixArt", "sd3": "SD3", "flux": "FLUX.1", "wan": "Wan"}
 
 
 def family_for_class(cls: type) -> type[Family] | None:
@@ -165,6 +201,7 @@ def coverage() -> list[Coverage]:
                 reason if family is None else None,
                 PIPELINES.get(cls.__name__, ()),
                 bool(getattr(cls, "_cp_plan", None)),
+                presets_source(family) if family is not None else "",
             )
         )
     return rows
@@ -175,11 +212,12 @@ def coverage_table() -> str:
 
     Example:
         >>> coverage_table().splitlines()[0]
-        '| class | ToMe | pipelines | CP plan |'
+        '| class | ToMe | presets | pipelines | CP plan |'
     """
-    lines = ["| class | ToMe | pipelines | CP plan |", "|---|---|---|---|"]
+    lines = ["| class | ToMe | presets | pipelines | CP plan |", "|---|---|---|---|---|"]
     for row in coverage():
         stand = f"merges: `{row.family}`" if row.family else f"refused: {row.reason}" if row.reason else "undecided"
         pipelines = ", ".join(row.pipelines) or "(none yet)"
-        lines.append(f"| `{row.name}` | {stand} | {pipelines} | {'yes' if row.cp_plan else '-'} |")
+        presets = row.presets or "-"
+        lines.append(f"| `{row.name}` | {stand} | {presets} | {pipelines} | {'yes' if row.cp_plan else '-'} |")
     return "\n".join(lines)

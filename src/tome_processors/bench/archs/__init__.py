@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ARCHS", "Arch", "ArchInputs", "LatentShape", "VideoClip"]
+__all__ = ["ARCHS", "Arch", "ArchInputs", "LatentShape", "VideoClip", "centred_region"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,24 @@ class Arch:
     space_stride: int = 8
     derived: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     notes: str = field(default="", compare=False)
+
+
+def centred_region(grid: tuple[int, int], base_w: int, base_h: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Where the pipeline places a `grid` of `(h, w)` tokens on the model's base grid of `base_h x base_w` before it
+    makes the rotary positions: scaled to touch the base grid on its tighter side, centred; `((top, left), (bottom,
+    right))` (as the CogVideoX and Hunyuan-DiT pipelines place it; read here, so that the bench imports no pipeline module).
+
+    Example:
+        >>> centred_region((30, 45), 90, 60)
+        ((0, 0), (60, 90))
+    """
+    h, w = grid
+    if h / w > base_h / base_w:  # taller than the base grid: its height fills it
+        height, width = base_h, int(round(base_h / h * w))
+    else:
+        height, width = int(round(base_w / w * h)), base_w
+    top, left = int(round((base_h - height) / 2.0)), int(round((base_w - width) / 2.0))
+    return (top, left), (top + height, left + width)
 
 
 def _declared() -> dict[str, Arch]:

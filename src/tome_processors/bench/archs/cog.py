@@ -15,7 +15,7 @@ from diffusers import (
 )
 from diffusers.models.embeddings import get_3d_rotary_pos_embed
 
-from . import Arch, ArchInputs, VideoClip
+from . import Arch, ArchInputs, VideoClip, centred_region
 
 #: The T5 prompt CogVideoX's, ConsisID's and CogView 3 Plus's pipelines pad to (`max_sequence_length`).
 COGVIDEOX_TEXT_TOKENS, COGVIEW3_TEXT_TOKENS = 226, 224
@@ -74,24 +74,6 @@ _IMAGE_QUICK = dict(num_layers=2, attention_head_dim=8, num_attention_heads=2, t
                     condition_dim=4)  # fmt: skip
 
 
-def _centred_region(grid: tuple[int, int], base_w: int, base_h: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Where the pipeline places a `grid` of `(h, w)` tokens on the model's base grid of `base_h x base_w` before it
-    makes the rotary positions: scaled to touch the base grid on its tighter side, centred; `((top, left), (bottom,
-    right))` (read here so that the bench imports no pipeline module).
-
-    Example:
-        >>> _centred_region((30, 45), 90, 60)
-        ((0, 0), (60, 90))
-    """
-    h, w = grid
-    if h / w > base_h / base_w:  # taller than the base grid: its height fills it
-        height, width = base_h, int(round(base_h / h * w))
-    else:
-        height, width = int(round(base_w / w * h)), base_w
-    top, left = int(round((base_h - height) / 2.0)), int(round((base_w - width) / 2.0))
-    return (top, left), (top + height, left + width)
-
-
 def _rotary(a: ArchInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The pipeline's rotary tables (`_prepare_rotary_positional_embeddings`): 3-D positions over the grid, cropped
     from the model's base size (`sample_height / sample_width` over the patch); None where the model has none."""
@@ -100,7 +82,7 @@ def _rotary(a: ArchInputs) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
     p = config.patch_size
     h, w = s.height // p, s.width // p
-    crops = _centred_region((h, w), config.sample_width // p, config.sample_height // p)
+    crops = centred_region((h, w), config.sample_width // p, config.sample_height // p)
     return get_3d_rotary_pos_embed(config.attention_head_dim, crops, (h, w), s.frames, device=a.device)
 
 

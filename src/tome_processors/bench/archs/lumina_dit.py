@@ -16,9 +16,8 @@ from diffusers import (
     LuminaNextDiT2DModel,
 )
 from diffusers.models.embeddings import get_2d_rotary_pos_embed, get_2d_rotary_pos_embed_lumina
-from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
 
-from . import Arch, ArchInputs, VideoClip
+from . import Arch, ArchInputs, VideoClip, centred_region
 
 # Lumina-Image 2.0 (2.6 B; Alpha-VLLM/Lumina-Image-2.0, transformer/config.json as quoted by a public test of another
 # runtime): 2 refiner blocks each for the image and the caption, 26 main layers of 24 heads x 96 (2304 wide, 8
@@ -253,7 +252,7 @@ def _hunyuandit_inputs(a: ArchInputs) -> dict[str, Any]:
     patch = config.patch_size
     h, w = s.height // patch, s.width // patch
     head_dim = config.hidden_size // config.num_attention_heads
-    crops = get_resize_crop_region_for_grid((h, w), 512 // 8 // patch)
+    crops = centred_region((h, w), 512 // 8 // patch, 512 // 8 // patch)
     cos, sin = get_2d_rotary_pos_embed(head_dim, crops, (h, w), output_type="pt")
     side = 8.0 * s.height
     return {
