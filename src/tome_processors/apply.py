@@ -9,7 +9,7 @@ import torch
 
 from .built import rebuilt_processor
 from .config import Preset, ToMeConfig
-from .families import Family, find_family
+from .families import Family, find_family, set_processor
 from .families.walk import one_walk
 from .hooks import (
     ModelHooks,
@@ -111,7 +111,7 @@ def unwrap_processors(model: torch.nn.Module, family: Family | None) -> None:
     inners = [(attn, inner_processor(model, attn, family)) for attn in attention_modules(model)]
     for attn, inner in inners:
         if attn.processor is not inner:
-            attn.set_processor(inner)
+            set_processor(attn, inner)
 
 
 def apply_tome(
@@ -168,7 +168,7 @@ def apply_plan(plan: ToMePlan, stacklevel: int = 2) -> ModelHooks:
         inners = [(attn, inner_processor(model, attn, family)) for attn in plan.attentions]
         context = install(plan, ToMeProcessor)
         for attn, inner in inners:
-            attn.set_processor(ToMeProcessor(inner, plan.config))
+            set_processor(attn, ToMeProcessor(inner, plan.config))
         context.keeper.install()  # ToMe stays on through fusing, IP-Adapter loading, ... (keeper.py)
         warn_replaced_forwards(model, context.slotted, stacklevel=stacklevel)  # a forward that runs no processor
     logger.debug("ToMe applied to %s: %d blocks", type(model).__name__, len(context.block_modules))

@@ -34,6 +34,8 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.models.attention_processor import FusedAttnProcessor2_0
 
+from .families.base import set_processor
+
 #: Model methods diffusers uses to replace processors for its own ends, or that read them by class first.
 OWN_ENDS_METHODS = (
     "set_default_attn_processor",
@@ -132,7 +134,7 @@ class ProcessorKeeper:
         inners = [(attn, self._inner(attn)) for attn in self.attentions]
         for attn, inner in inners:
             if attn.processor is not inner:
-                attn.set_processor(inner)
+                set_processor(attn, inner)
 
     def rewrap(self, only: int | None = None) -> None:
         """Wrap whatever each module (or module `only`) holds now (the same wrapper where its inner one is the same)."""
@@ -151,7 +153,7 @@ class ProcessorKeeper:
             else:
                 wrapper = self.processor_type(processor, self.config)
             self.wrappers[index] = wrapper
-            attn.set_processor(wrapper)
+            set_processor(attn, wrapper)
 
     def _inner(self, attn: torch.nn.Module) -> Any:
         processor = attn.processor
@@ -238,7 +240,7 @@ class KeptModuleMethod:
         keeper.held[self.index] = keeper.keep_all or isinstance(attn.processor, keeper.processor_type)
         inner = keeper._inner(attn)
         if attn.processor is not inner:
-            attn.set_processor(inner)
+            set_processor(attn, inner)
         try:
             return self.method(*args, **kwargs)
         finally:

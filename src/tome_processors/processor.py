@@ -28,7 +28,7 @@ from .attach import PassedThrough, built_processor_for_call, slot_for_call, watc
 from .built import missing_inner_error
 from .config import ToMeConfig
 from .context import SLOT_ATTR, AttentionSlot
-from .families import Layout, class_default_processor, mask_where
+from .families import Layout, class_default_processor, mask_where, set_processor
 from .joint_attention import KEY_MASKS, run_with_text
 from .merge import TokenMerge, pool_tokens
 from .rotary_attention import run_with_rotary
@@ -420,7 +420,7 @@ class ToMeProcessor:
         """Set on `attn` (merged, at `slot`) what this processor without an inner one runs there: a
         `ToMeProcessor` around the processor `attn` is built with, as `apply_tome` would have set. Returns it."""
         wrapper = self._built_wrapper(attn, slot)
-        attn.set_processor(wrapper)
+        set_processor(attn, wrapper)
         return wrapper
 
     def _merge_for(

@@ -41,6 +41,7 @@ from .base import (
     is_mergeable_attention,
     mask_where,
     max_downsample_for_levels,
+    set_processor,
 )
 from .chroma import ChromaFamily, Flux2Family
 from .cog import CogVideoXFamily, CogView3PlusFamily, CogView4Family, ConsisIDFamily
@@ -143,6 +144,7 @@ __all__ = [
     "family_of",
     "find_family",
     "register_family",
+    "set_processor",
     "unregister_family",
     "why_no_family",
     "grid_from_ids",

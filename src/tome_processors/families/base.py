@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from diffusers.models.attention import AttentionModuleMixin
-from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0
+from diffusers.models.attention_processor import Attention, AttnProcessor, AttnProcessor2_0, MochiAttention
 
 from .._similarity import is_compiling
 from ..arguments import argument
@@ -247,14 +247,31 @@ def mask_where(mask_at: int | tuple[int, str]) -> tuple[int, str]:
 
 
 def is_attention_module(module: torch.nn.Module) -> bool:
-    """Whether `module` is an attention module that holds a processor: `Attention` (UNets, PixArt, SD3) or one of the
-    newer `AttentionModuleMixin` modules (`FluxAttention`, ...).
+    """Whether `module` is an attention module that holds a processor: `Attention` (UNets, PixArt, SD3), one of the
+    newer `AttentionModuleMixin` modules (`FluxAttention`, ...), or Mochi's `MochiAttention` (a plain module that
+    calls its `processor` attribute).
 
     Example:
         >>> is_attention_module(Attention(query_dim=8)), is_attention_module(torch.nn.Linear(1, 1))
         (True, False)
     """
-    return isinstance(module, (Attention, AttentionModuleMixin)) and hasattr(module, "processor")
+    return isinstance(module, (Attention, AttentionModuleMixin, MochiAttention)) and hasattr(module, "processor")
+
+
+def set_processor(attn: torch.nn.Module, processor: Any) -> None:
+    """Put `processor` on the attention module `attn`: with its own `set_processor` where it has one (which registers a
+    processor with weights as a submodule), else as its `processor` attribute (`MochiAttention`).
+
+    Example:
+        >>> attn = Attention(query_dim=8)
+        >>> set_processor(attn, AttnProcessor()); type(attn.processor).__name__
+        'AttnProcessor'
+    """
+    setter = getattr(attn, "set_processor", None)
+    if callable(setter):
+        setter(processor)
+    else:
+        attn.processor = processor
 
 
 def is_mergeable_attention(attn: Any) -> bool:
