@@ -102,7 +102,8 @@ class Arch:
 def centred_region(grid: tuple[int, int], base_w: int, base_h: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """Where the pipeline places a `grid` of `(h, w)` tokens on the model's base grid of `base_h x base_w` before it
     makes the rotary positions: scaled to touch the base grid on its tighter side, centred; `((top, left), (bottom,
-    right))` (as the CogVideoX and Hunyuan-DiT pipelines place it; read here, so that the bench imports no pipeline module).
+    right))` (as the CogVideoX and Hunyuan-DiT pipelines place it; made here, so that the bench imports no pipeline
+    module).
 
     Example:
         >>> centred_region((30, 45), 90, 60)
