@@ -14,6 +14,8 @@ from diffusers.models.attention_processor import (
     CogVideoXAttnProcessor2_0,
     FusedCogVideoXAttnProcessor2_0,
     HunyuanAttnProcessor2_0,
+    MochiAttention,
+    MochiAttnProcessor2_0,
 )
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_bria import BriaAttention, BriaAttnProcessor
@@ -53,8 +55,16 @@ from diffusers.models.transformers.transformer_qwenimage21 import (
 )
 
 import tome_processors as tp
-from tome_processors.batched_rotary import SAMPLE_TABLE_PROCESSORS, SampleTables, sample_tables, takes_sample_tables
+from tome_processors.batched_rotary import (
+    BROADCAST_TABLE_PROCESSORS,
+    SAMPLE_TABLE_PROCESSORS,
+    SampleTables,
+    sample_tables,
+    takes_broadcast_tables,
+    takes_sample_tables,
+)
 
+from family_cases.video_more import mochi_inputs, tiny_mochi
 from test_dit import flux_inputs, run, tiny_flux
 from test_new_families import qwenimage_inputs, tiny_qwenimage
 
@@ -519,3 +529,59 @@ def test_qwenimage_text_table_follows_each_calls_text(batch, options, one_thread
             run(model, inputs)
     assert [text for text, _ in seen] == [7, 7, 3, 3, 7, 7, 3, 3]
     assert all(text == table for text, table in seen)
+
+
+# ---------------------------------------------------------------- tables that broadcast as they are (Mochi)
+
+
+def test_sample_tables_gather_rows_of_tables_of_any_rank_as_plain_tensors():
+    cos, sin = torch.randn(9, HEADS, HEAD_DIM // 2), torch.randn(9, HEADS, HEAD_DIM // 2)
+    row_token = torch.tensor([[0, 1, 4, 7], [0, 1, 8, 2]])
+    got = sample_tables((cos, sin), row_token, broadcast=True)
+    assert isinstance(got, tuple)
+    assert all(type(t) is torch.Tensor and t.shape == (2, 4, HEADS, HEAD_DIM // 2) for t in got)
+    for b in range(2):
+        assert torch.equal(got[0][b], cos[row_token[b]]) and torch.equal(got[1][b], sin[row_token[b]])
+
+
+def test_every_processor_given_broadcast_tables_is_checked_here():
+    assert BROADCAST_TABLE_PROCESSORS == {MochiAttnProcessor2_0}
+    assert takes_broadcast_tables(MochiAttnProcessor2_0()) and not takes_sample_tables(MochiAttnProcessor2_0())
+
+
+class OwnMochi(MochiAttnProcessor2_0):
+    """A subclass of Mochi's processor: it could read its tables any way, so it is run one sample at a time."""
+
+
+def test_mochi_processor_given_broadcast_tables_matches_one_call_per_sample(one_thread):
+    torch.manual_seed(0)
+    attn = MochiAttention(DIM, DIM, MochiAttnProcessor2_0(), heads=HEADS, dim_head=HEAD_DIM, out_dim=DIM).eval()
+    g = torch.Generator().manual_seed(2)
+    image, text = torch.randn(2, ROWS, DIM, generator=g), torch.randn(2, TEXT, DIM, generator=g)
+    angle = torch.rand(2, ROWS, HEADS, HEAD_DIM // 2, generator=g) * 6.3  # each sample's, row's and head's own
+    mask = torch.arange(TEXT).expand(2, TEXT) < TEXT - 1  # over the text alone, its last token padding
+    with torch.no_grad():
+        batched = attn.processor(attn, image, text, mask, (angle.cos(), angle.sin()))
+        alone = [
+            attn.processor(attn, image[b : b + 1], text[b : b + 1], mask[b : b + 1], (angle[b].cos(), angle[b].sin()))
+            for b in range(2)
+        ]
+    for got, *parts in zip(batched, *alone, strict=True):
+        torch.testing.assert_close(got, torch.cat(parts), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_mochi_batch_in_one_call_matches_one_sample_at_a_time(options, one_thread):
+    model, inputs = tiny_mochi(), mochi_inputs()
+    batched, calls = run_recording(model, inputs, MochiAttnProcessor2_0, 3, options)
+    assert len(calls) == 2 and all(size == 2 for size, _ in calls)  # one call per block, the whole batch
+    assert all(type(t) is torch.Tensor and t.shape[0] == 2 and t.ndim == 4 for _, rotary in calls for t in rotary)
+    for block in model.transformer_blocks:
+        block.attn1.processor = OwnMochi()
+    tp.apply_tome(model, **options)
+    with torch.no_grad():
+        alone = model(**inputs).sample  # one sample at a time
+    tp.remove_tome(model)
+    torch.testing.assert_close(batched, alone, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        assert not torch.equal(model(**inputs).sample, alone)  # ToMe changed the output: the comparison means something

@@ -1,6 +1,7 @@
-"""Cosmos, MiniMax-H3, Allegro, EasyAnimate and Latte (`families/video_more.py`) beyond the family table's checks:
-MiniMax-H3's grid read from its packed layout, its keyframes and audio never merged, each family's timestep, Allegro's
-rotary positions following the merged rows, and Cosmos 3 and Mochi refused with their reasons."""
+"""Cosmos, MiniMax-H3, Allegro, EasyAnimate, Latte and Mochi (`families/video_more.py`) beyond the family table's
+checks: MiniMax-H3's grid read from its packed layout, its keyframes and audio never merged, each family's timestep,
+Allegro's and Mochi's rotary positions following the merged rows, Mochi's processor put back as it was, and Cosmos 3
+refused with its reason."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import warnings
 
 import pytest
 import torch
-from diffusers import Cosmos3OmniTransformer, MochiTransformer3DModel
-from diffusers.models.attention_processor import AllegroAttnProcessor2_0
+from diffusers import Cosmos3OmniTransformer
+from diffusers.models.attention_processor import AllegroAttnProcessor2_0, MochiAttention, MochiAttnProcessor2_0
 
 import tome_processors as tp
 from test_family_table import AttentionRecorder
@@ -19,11 +20,19 @@ from tome_processors.cli.main import main
 from tome_processors.families import FAMILIES, REFUSED, family_of, find_family
 
 from family_cases.video_more import (
+    LATENT_H,
+    LATENT_W,
+    MOCHI_CLIP,
+    SIDE,
+    TEXT,
     allegro_inputs,
     cosmos_inputs,
     minimax_h3_inputs,
+    mochi_inputs,
+    mochi_pipeline,
     tiny_allegro,
     tiny_minimax_h3,
+    tiny_mochi,
 )
 
 
@@ -35,31 +44,91 @@ def tiny_cosmos3() -> Cosmos3OmniTransformer:
     )  # fmt: skip
 
 
-def tiny_mochi() -> MochiTransformer3DModel:
-    """diffusers' own test config."""
-    torch.manual_seed(0)
-    return MochiTransformer3DModel(
-        patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=2, pooled_projection_dim=16,
-        in_channels=4, text_embed_dim=16, time_embed_dim=4, max_sequence_length=16,
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "build, why",
-    [
-        (tiny_cosmos3, "ToMe cannot reach the video.s tokens"),
-        (tiny_mochi, "cannot put its processor in place of Mochi's"),
-    ],
-    ids=["cosmos3", "mochi"],
-)
-def test_cosmos3_and_mochi_are_refused_with_the_reason(build, why):
-    model = build()
+def test_cosmos3_is_refused_with_the_reason():
+    model = tiny_cosmos3()
     assert find_family(model) is None and type(model) in REFUSED
-    with pytest.raises(ValueError, match=why):
+    with pytest.raises(ValueError, match="ToMe cannot reach the video.s tokens"):
         tp.apply_tome(model, ratio=0.5)
-    with pytest.raises(ValueError, match=why):
+    with pytest.raises(ValueError, match="ToMe cannot reach the video.s tokens"):
         tp.explain_tome(model, 256, 256, print_table=False)
     assert not tp.is_tome_applied(model)
+
+
+def test_mochi_merges_and_removal_puts_its_processors_back_bit_for_bit():
+    # MochiAttention has no set_processor, and the model no set_attn_processor: ToMe sets the attribute itself.
+    model, inputs = tiny_mochi(), mochi_inputs()
+    assert type(model) not in REFUSED and family_of(model).name == "mochi"
+    attentions = [m for m in model.modules() if isinstance(m, MochiAttention)]
+    originals = [attn.processor for attn in attentions]
+    assert len(attentions) == 2 and all(type(p) is MochiAttnProcessor2_0 for p in originals)
+    with torch.no_grad():
+        plain = model(**inputs).sample
+        tp.apply_tome(model, ratio=0.5)  # no longer raises
+        assert tp.is_tome_applied(model)
+        assert all(isinstance(attn.processor, tp.ToMeProcessor) for attn in attentions)
+        merged = model(**inputs).sample
+        tp.remove_tome(model)
+        assert [attn.processor for attn in attentions] == originals  # the very objects
+        assert all(attn.processor is p for attn, p in zip(attentions, originals, strict=True))
+        assert torch.equal(model(**inputs).sample, plain)
+    assert torch.isfinite(merged).all() and not torch.allclose(merged, plain, atol=1e-5)
+    assert not tp.is_tome_applied(model)
+
+
+def test_mochi_rows_are_rotated_at_their_kept_tokens_positions_and_its_text_mask_passes(monkeypatch):
+    model, inputs = tiny_mochi(), mochi_inputs()
+    grid = 2 * (LATENT_H // 2) * (LATENT_W // 2)
+    with torch.no_grad():
+        cos, sin = model.rope(model.pos_frequencies, 2, LATENT_H // 2, LATENT_W // 2, dtype=torch.float32)
+    assert cos.shape == (grid, 2, 4)  # (N_video, heads, D/2), one table for the batch
+    seen = []
+    original = MochiAttnProcessor2_0.__call__
+
+    def recording(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb=None):
+        seen.append((hidden_states.shape, encoder_hidden_states.shape, attention_mask, image_rotary_emb))
+        return original(self, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+
+    tp.apply_tome(model, ratio=0.5)
+    monkeypatch.setattr(MochiAttnProcessor2_0, "__call__", recording)
+    with torch.no_grad():
+        model(**inputs)
+    tp.remove_tome(model)
+    assert len(seen) == 2  # one call a block: the whole batch
+    rows = grid // 2
+    for video, text, mask, (got_cos, got_sin) in seen:
+        assert tuple(video) == (2, rows, 16) and tuple(text) == (2, TEXT, 16)
+        assert mask is inputs["encoder_attention_mask"]  # over the text alone: as it is
+        assert got_cos.shape == got_sin.shape == (2, rows, 2, 4)  # a table per sample
+        table = torch.cat([cos, sin], dim=-1).flatten(1)  # a token's whole rotation, a row
+        for b in range(2):  # each row is a token's own rotation, each at a token of its own
+            row = torch.cat([got_cos[b], got_sin[b]], dim=-1).flatten(1)
+            match = (row[:, None] == table[None]).all(-1)  # (rows, tokens)
+            assert bool(match.any(dim=1).all()) and len(set(match.float().argmax(dim=1).tolist())) == rows
+
+
+def test_mochi_timestep_is_the_noise_level_its_pipeline_passes(tmp_path):
+    # Its scheduler inverts the sigmas: the model gets 1000 (1 - sigma), 0 at the first (pure noise) step.
+    pipe = mochi_pipeline(tmp_path)
+    family = family_of(pipe.transformer)
+    seen = []
+    pipe.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["timestep"].clone(), family.timestep(args, kwargs))),
+        with_kwargs=True,
+    )
+    with torch.no_grad():
+        pipe(
+            prompt="a cat walks", height=SIDE, width=SIDE, num_frames=MOCHI_CLIP, num_inference_steps=2,
+            guidance_scale=4.5, max_sequence_length=16, output_type="latent",
+        )  # fmt: skip
+    (t0, noise0), (t1, noise1) = seen
+    torch.testing.assert_close(t0, torch.zeros(2))
+    torch.testing.assert_close(noise0, torch.full((2,), 1000.0))
+    torch.testing.assert_close(noise1, 1000.0 - t1)
+    assert float(noise1[0]) < 1000.0
+    # 6 pixel frames a latent frame after the first; 8 px a latent pixel under a 2 x 2 patch.
+    assert [family.latent_frames(n) for n in (19, 85, 163)] == [4, 15, 28]
+    rows = tp.explain_tome(pipe.transformer, 480, 848, num_frames=19, preset="balanced", print_table=False)
+    assert {row.tokens for row in rows if row.level == 1} == {4 * 30 * 53}
 
 
 def _queries(model: torch.nn.Module, inputs: dict) -> list[int]:
@@ -175,6 +244,7 @@ PUBLISHED = {
     "allegro": ({"num_attention_heads": 24, "attention_head_dim": 96, "num_layers": 32}, 512),
     "easyanimate": ({"num_attention_heads": 48, "attention_head_dim": 64, "num_layers": 48}, 256),
     "latte": ({"num_attention_heads": 16, "attention_head_dim": 72, "num_layers": 28}, 120),
+    "mochi": ({"num_attention_heads": 24, "attention_head_dim": 128, "num_layers": 48, "in_channels": 12}, 256),
 }
 
 

@@ -17,6 +17,10 @@ and tables cast alike.
 Only processors whose code is known to use the table through those views get one (`takes_sample_tables`);
 any other processor is run one sample at a time with a plain table (`joint_attention`), so a processor
 that reads the table some other way stays right.
+
+Mochi's processor multiplies its queries and keys `(B, S, heads, D/2)` by its `(S, heads, D/2)` tables element by
+element, with no view: a table per sample, `(B, S, heads, D/2)`, broadcasts there as it is (`takes_broadcast_tables`;
+`sample_tables(..., broadcast=True)` gives the plain gathered tensors).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from diffusers.models.attention_processor import (
     CogVideoXAttnProcessor2_0,
     FusedCogVideoXAttnProcessor2_0,
     HunyuanAttnProcessor2_0,
+    MochiAttnProcessor2_0,
 )
 from diffusers.models.transformers.transformer_bria import BriaAttnProcessor
 from diffusers.models.transformers.transformer_bria_fibo import BriaFiboAttnProcessor
@@ -52,7 +57,14 @@ from diffusers.models.transformers.transformer_ovis_image import OvisImageAttnPr
 from diffusers.models.transformers.transformer_qwenimage import QwenDoubleStreamAttnProcessor2_0
 from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21AttnProcessor, QwenImage21FlexAttnProcessor
 
-__all__ = ["SAMPLE_TABLE_PROCESSORS", "SampleTables", "sample_tables", "takes_sample_tables"]
+__all__ = [
+    "BROADCAST_TABLE_PROCESSORS",
+    "SAMPLE_TABLE_PROCESSORS",
+    "SampleTables",
+    "sample_tables",
+    "takes_broadcast_tables",
+    "takes_sample_tables",
+]
 
 #: Processors that apply their rotary tables only with `apply_rotary_emb(x, (cos, sin), sequence_dim=1)`
 #: (FLUX.1 and Chroma, FLUX.2, FLUX.3, Krea 2, LongCat-Image, HunyuanVideo and 1.5, HunyuanImage 2.1, Motif-Video,
@@ -95,6 +107,11 @@ SAMPLE_TABLE_PROCESSORS: frozenset[type] = frozenset(
         NucleusMoEAttnProcessor2_0,
     }
 )
+
+#: Processors that use their `(S, ...)` rotary tables only in element-wise products with queries and keys laid out
+#: `(B, S, ...)`, so a table per sample, `(B, S, ...)`, broadcasts as it is (Mochi's `x_even * cos - x_odd * sin` over
+#: `(B, S, heads, D/2)`). Exact types, as above.
+BROADCAST_TABLE_PROCESSORS: frozenset[type] = frozenset({MochiAttnProcessor2_0})
 
 _ALL = slice(None)
 _SEQUENCE_DIM_1 = (None, _ALL, None, _ALL)  # `apply_rotary_emb(..., sequence_dim=1)`: (S, D) -> (1, S, 1, D)
@@ -174,25 +191,46 @@ def takes_sample_tables(processor: Any) -> bool:
     return type(processor) in SAMPLE_TABLE_PROCESSORS
 
 
-def sample_tables(rotary: Any, row_token: torch.Tensor, follow: int | None = None) -> Any:
+def takes_broadcast_tables(processor: Any) -> bool:
+    """Whether `processor` may be given plain rotary tables per sample, `(B, S, ...)`, where it takes `(S, ...)`
+    (`BROADCAST_TABLE_PROCESSORS`).
+
+    Example:
+        >>> takes_broadcast_tables(MochiAttnProcessor2_0()), takes_broadcast_tables(FluxAttnProcessor())
+        (True, False)
+    """
+    return type(processor) in BROADCAST_TABLE_PROCESSORS
+
+
+def sample_tables(rotary: Any, row_token: torch.Tensor, follow: int | None = None, broadcast: bool = False) -> Any:
     """`rotary` (a table `(S, D)` or a tuple/list of them) at `row_token` `(B, R)`: `SampleTables` of `(B, R, D)`.
 
     `follow`: how many of the tables, from the first, cover the merged tokens (all by default); the others
-    (Qwen-Image's text table) are passed on as they are.
+    (Qwen-Image's text table) are passed on as they are. `broadcast`: tables `(S, ...)` of any rank, gathered as
+    plain tensors `(B, R, ...)` (`takes_broadcast_tables`).
 
     Example:
         >>> cos, sin = torch.arange(6.0).view(3, 2), -torch.arange(6.0).view(3, 2)
         >>> per_sample = sample_tables((cos, sin), torch.tensor([[0, 2], [1, 0]]))
         >>> per_sample[0].table[1].tolist()
         [[2.0, 3.0], [0.0, 1.0]]
+        >>> tuple(sample_tables(torch.zeros(3, 2, 4), torch.tensor([[0, 2], [1, 0]]), broadcast=True).shape)
+        (2, 2, 2, 4)
     """
     every = _tables(rotary)
     follow = len(every) if follow is None else follow
     # One row lookup per table (`embedding`: one kernel, complex tables too) for the whole batch, on the merge's
     # device: CogView 4 builds its tables on the host, and the merged rows' positions stay where they were made.
-    gathered = [torch.nn.functional.embedding(row_token, t.to(row_token.device)) for t in every[:follow]]
-    tables = [SampleTables(t) for t in gathered] + every[follow:]
+    gathered = [_rows(t.to(row_token.device), row_token) for t in every[:follow]]
+    tables = (gathered if broadcast else [SampleTables(t) for t in gathered]) + every[follow:]
     return type(rotary)(tables) if isinstance(rotary, (tuple, list)) else tables[0]
+
+
+def _rows(table: torch.Tensor, row_token: torch.Tensor) -> torch.Tensor:
+    """`table` `(S, ...)` at `row_token` `(B, R)`: `(B, R, ...)` (a table of more than two axes looked up flat)."""
+    if table.ndim == 2:
+        return torch.nn.functional.embedding(row_token, table)
+    return torch.nn.functional.embedding(row_token, table.flatten(1)).unflatten(-1, table.shape[1:])
 
 
 def _tables(rotary: Any) -> list[torch.Tensor]:

@@ -23,7 +23,8 @@ it is kept at (`TokenMerge.row_token`: its destination, or itself when nothing w
 a rotation is exact only at a real position, and averaging cosines and sines of several positions
 gives no rotation at all. The merge is per sample, so the rows of two samples sit at different
 positions. Where the inner processor is known to take a table per sample (diffusers' Flux, FLUX.2,
-HunyuanVideo and Qwen-Image processors), the whole batch goes in one call with `batched_rotary.SampleTables`;
+HunyuanVideo and Qwen-Image processors), the whole batch goes in one call with `batched_rotary.SampleTables` (Mochi's,
+which multiplies by its tables element by element: plain `(B, M, ...)` tables);
 batched tables (`Rotary.batched`, Z-Image) are gathered for the whole batch; any other processor is run one
 sample at a time with plain `(S, D)` tables. Where the image's tables come as a pair inside the argument
 (`Rotary.nested`: JoyImage-Edit's `((cos, sin), text tables)`), that pair follows the rows and the rest is passed on.
@@ -41,7 +42,7 @@ from typing import Any
 import torch
 
 from .arguments import argument, replace_argument
-from .batched_rotary import sample_tables, takes_sample_tables
+from .batched_rotary import sample_tables, takes_broadcast_tables, takes_sample_tables
 from .families import Layout, Rotary, mask_where
 from .merge import TokenMerge, positions
 from .skips import Skip
@@ -227,7 +228,8 @@ def _rotary_fits(spec: Rotary, at: tuple[int, str], args: tuple, kwargs: dict, n
             and t.shape[dim] == num_positions
             for t in tables
         )
-    return all(isinstance(t, torch.Tensor) and t.ndim == 2 and t.shape[0] == num_positions for t in tables)
+    # (S, ...) for the whole batch, a row per position: Flux's (S, D), Mochi's (S, heads, D/2) (gathered along dim 0)
+    return all(isinstance(t, torch.Tensor) and t.ndim >= 2 and t.shape[0] == num_positions for t in tables)
 
 
 def _kept_rotary(rotary: Any, merge: TokenMerge, after: int = 0) -> list:
@@ -293,14 +295,15 @@ def _gathered_rows(table: torch.Tensor, samples: torch.Tensor, row_token: torch.
     return table.movedim(spec.sequence_dim, 1)[samples, row_token].movedim(1, spec.sequence_dim)
 
 
-def _batched_rotary(spec: Rotary, rotary: Any, merge: TokenMerge, after: int = 0) -> Any:
+def _batched_rotary(spec: Rotary, rotary: Any, merge: TokenMerge, after: int = 0, broadcast: bool = False) -> Any:
     """The rotary tables at `merge.row_token` (then the `after` positions) for the whole batch at once
-    (`batched_rotary.SampleTables`); a text table (`Rotary.text_table`) as it is."""
+    (`batched_rotary.SampleTables`, or with `broadcast` plain `(B, M, ...)` tensors); a text table
+    (`Rotary.text_table`) as it is."""
     kept = _kept_rotary(rotary, merge, after)
-    if kept[2] is None:
+    if kept[2] is None or kept[2][0] is not broadcast:
         follow = len(_gathered(spec, _rotary_tables(rotary)))
-        kept[2] = sample_tables(rotary, _positions(merge, after), follow)
-    return kept[2]
+        kept[2] = (broadcast, sample_tables(rotary, _positions(merge, after), follow, broadcast))
+    return kept[2][1]
 
 
 _SAMPLE_INDEX: dict[tuple, torch.Tensor] = {}
@@ -343,8 +346,9 @@ def _call(
         keys = None  # no keys' table (a cross-attention's); a table of its own is refused (`_rotary_fits`)
     spec, rotary, put_back = _image_part(spec, rotary)
     # A processor known to take a table per sample: the whole batch in one call.
-    if not spec.batched and takes_sample_tables(inner):
-        tables = _batched_rotary(spec, rotary, merge, after)
+    broadcast = takes_broadcast_tables(inner)
+    if not spec.batched and (broadcast or takes_sample_tables(inner)):
+        tables = _batched_rotary(spec, rotary, merge, after, broadcast)
         args, kwargs = _with_tables(args, kwargs, where, keys, put_back(tables) if put_back else tables)
         return inner(attn, merged, *args, **kwargs)
     per_call = _merged_rotary(spec, rotary, merge, after)

@@ -1,9 +1,10 @@
-"""Cosmos, MiniMax-H3, Allegro, EasyAnimate and Latte (`families/video_more.py`): tiny random-weight models, inputs as
-their pipelines pass them, and tiny offline pipelines (no downloads; tokenizers written to the folder given).
+"""Cosmos, MiniMax-H3, Allegro, EasyAnimate, Latte and Mochi (`families/video_more.py`): tiny random-weight models,
+inputs as their pipelines pass them, and tiny offline pipelines (no downloads; tokenizers written to the folder given).
 
 Each grid is 2 frames of 6 x 8 tokens (a 12 x 16 latent over a 2 x 2 patch), the text 7 tokens. At 0.5 the
-self-attention of each of the 2 blocks merges (Latte: its 2 spatial blocks, each over both frames as samples);
-cross-attention, Latte's temporal blocks and MiniMax-H3's text refiner keep every token. MiniMax-H3 has no pipeline
+self-attention of each of the 2 blocks merges (Latte: its 2 spatial blocks, each over both frames as samples; Mochi:
+its processor attends one sample at a time, so 2 calls a block); cross-attention, Latte's temporal blocks and
+MiniMax-H3's text refiner keep every token. MiniMax-H3 has no pipeline
 case: diffusers ships it as a modular pipeline only (`MiniMaxH3ModularPipeline`), which `enable_tome` (patched onto
 `DiffusionPipeline`) and the table's pipeline checks do not take.
 """
@@ -21,6 +22,7 @@ from diffusers import (
     AutoencoderKL,
     AutoencoderKLAllegro,
     AutoencoderKLMagvit,
+    AutoencoderKLMochi,
     AutoencoderKLWan,
     CosmosTransformer3DModel,
     DDIMScheduler,
@@ -30,6 +32,8 @@ from diffusers import (
     LattePipeline,
     LatteTransformer3DModel,
     MiniMaxH3Transformer3DModel,
+    MochiPipeline,
+    MochiTransformer3DModel,
     UniPCMultistepScheduler,
 )
 from diffusers.configuration_utils import ConfigMixin
@@ -402,8 +406,54 @@ def latte_pipeline(folder: Path) -> LattePipeline:
     return pipe
 
 
-#: 32 x 32 px clips of 5 frames (2 latent frames of 2 x 2 tokens; Latte: 2 frames of 8 x 8 tokens).
-SIDE, CLIP = 32, 5
+# ---------------------------------------------------------------- Mochi
+
+
+def tiny_mochi(in_channels: int = 4, text: int = 16) -> MochiTransformer3DModel:
+    """diffusers' own test config: 2 blocks of 2 heads x 8 (the last `context_pre_only`), a 16-wide text stream; its
+    rotary frequencies random (the released model's are learned; zeros would rotate nothing)."""
+    torch.manual_seed(0)
+    model = MochiTransformer3DModel(
+        patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=2, pooled_projection_dim=16,
+        in_channels=in_channels, text_embed_dim=text, time_embed_dim=4, max_sequence_length=16,
+    )  # fmt: skip
+    with torch.no_grad():
+        model.pos_frequencies.normal_(0.0, 0.5)
+    return model.eval()
+
+
+def mochi_inputs(batch: int = 2, frames: int = FRAMES, h: int = LATENT_H, w: int = LATENT_W) -> dict:
+    """As `MochiPipeline` calls the model: T5's prompt and its boolean mask (the second prompt padded), the timestep
+    `1000 (1 - sigma)` (its scheduler's `invert_sigmas`) per sample."""
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(batch, TEXT, dtype=torch.bool)
+    mask[1:, -2:] = False
+    return {
+        "hidden_states": _noise(batch, 4, frames, h, w, g=g),
+        "encoder_hidden_states": _noise(batch, TEXT, 16, g=g),
+        "timestep": torch.full((batch,), 250.0),
+        "encoder_attention_mask": mask,
+    }
+
+
+def mochi_pipeline(folder: Path) -> MochiPipeline:
+    """Mochi's pipeline: a one-layer T5, diffusers' tiny Mochi VAE (its 12 latent channels, which the pipeline's
+    latent statistics need) and flow matching with inverted sigmas (the released scheduler's)."""
+    tokenizer, text_encoder = _t5(folder, 16)
+    torch.manual_seed(0)
+    vae = AutoencoderKLMochi(
+        latent_channels=12, out_channels=3, encoder_block_out_channels=(32, 32, 32, 32),
+        decoder_block_out_channels=(32, 32, 32, 32), layers_per_block=(1, 1, 1, 1, 1),
+    ).eval()  # fmt: skip
+    scheduler = FlowMatchEulerDiscreteScheduler(invert_sigmas=True)
+    pipe = MochiPipeline(scheduler, vae, text_encoder, tokenizer, tiny_mochi(in_channels=12))
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+#: 32 x 32 px clips of 5 frames (2 latent frames of 2 x 2 tokens; Latte: 2 frames of 8 x 8 tokens; Mochi: 7 frames,
+#: its VAE's 6 a latent frame after the first).
+SIDE, CLIP, MOCHI_CLIP = 32, 5, 7
 
 CASES = (
     FamilyCase(
@@ -511,6 +561,31 @@ CASES = (
             height=SIDE,
             width=SIDE,
             num_frames=FRAMES,
+        ),
+    ),
+    FamilyCase(
+        name="mochi",
+        family="mochi",
+        build=tiny_mochi,
+        inputs=mochi_inputs,
+        merged_calls=4,  # attn1 of the 2 blocks, one attention call per sample (its processor's); not the text pooler
+        set_attn_processor=False,  # MochiTransformer3DModel has no set_attn_processor
+        pipeline=PipelineCase(
+            build=mochi_pipeline,
+            call_kwargs=dict(
+                prompt="a cat walks",
+                negative_prompt="",
+                height=SIDE,
+                width=SIDE,
+                num_frames=MOCHI_CLIP,
+                num_inference_steps=2,
+                guidance_scale=4.5,
+                max_sequence_length=16,
+                output_type="pt",
+            ),
+            height=SIDE,
+            width=SIDE,
+            num_frames=MOCHI_CLIP,
         ),
     ),
 )

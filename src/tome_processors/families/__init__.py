@@ -88,7 +88,7 @@ from .sana import SanaFamily, SanaVideoFamily
 from .svd import SVDFamily, spatio_temporal_blocks
 from .unet import UNetFamily, attention_levels, spatial_transformer_blocks
 from .video_more import REFUSED as _VIDEO_MORE_REFUSED
-from .video_more import AllegroFamily, CosmosFamily, EasyAnimateFamily, LatteFamily, MiniMaxH3Family
+from .video_more import AllegroFamily, CosmosFamily, EasyAnimateFamily, LatteFamily, MiniMaxH3Family, MochiFamily
 from .wan import SkyReelsV2Family, WanFamily, WanVACEFamily
 from .wan_derived import REFUSED as _WAN_DERIVED_REFUSED
 from .wan_derived import ChronoEditFamily, HeliosFamily, WanAnimateFamily
@@ -181,6 +181,7 @@ __all__ = [
     "EasyAnimateFamily",
     "LatteFamily",
     "MiniMaxH3Family",
+    "MochiFamily",
 ]
 
 
@@ -246,6 +247,7 @@ _OWN: dict[str, type[Family]] = {
         AllegroFamily,
         EasyAnimateFamily,
         LatteFamily,
+        MochiFamily,
         SVDFamily,
         UNetFamily,
     )

@@ -1,16 +1,16 @@
-"""More video transformers: Cosmos, MiniMax-H3, Allegro, EasyAnimate and Latte; Cosmos 3 and Mochi refused.
+"""More video transformers: Cosmos, MiniMax-H3, Allegro, EasyAnimate, Latte and Mochi; Cosmos 3 refused.
 
 By how their attention gets the video's tokens:
 
 - Wan-like, the tokens of the whole clip in self-attention with a rotary row each, cross-attention to the text:
   Cosmos (`CosmosTransformer3DModel`: Cosmos 1.0, Predict 2 and 2.5) and Allegro (`AllegroTransformer3DModel`);
 - joint, text then video in one attention, the rotary tables over the video alone: EasyAnimate
-  (`EasyAnimateTransformer3DModel`);
+  (`EasyAnimateTransformer3DModel`); video then text: Mochi (`MochiTransformer3DModel`);
 - one packed sequence of text, references, audio then the generated video: MiniMax-H3 (`MiniMaxH3Transformer3DModel`);
 - PixArt-like blocks over one frame at a time, the frames in the batch: Latte's spatial blocks
   (`LatteTransformer3DModel`).
 
-`REFUSED` says why the others cannot merge: Cosmos 3 (`Cosmos3OmniTransformer`) and Mochi (`MochiTransformer3DModel`).
+`REFUSED` says why Cosmos 3 (`Cosmos3OmniTransformer`) cannot merge.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from diffusers import (
     MiniMaxH3Transformer3DModel,
     MochiTransformer3DModel,
 )
-from diffusers.models.attention_processor import AllegroAttnProcessor2_0
+from diffusers.models.attention_processor import AllegroAttnProcessor2_0, MochiAttnProcessor2_0
 from diffusers.models.transformers.transformer_cosmos import (
     CosmosAttention,
     CosmosAttnProcessor2_0,
@@ -182,6 +182,54 @@ class EasyAnimateFamily(LatentVideoFamily):
     stacks = (Stack("transformer_blocks", Layout.JOINT, attention="attn1", feed_forward="ff"),)
     rotary = Rotary(name="image_rotary_emb", position=2, covers_text=False, text_table=False)
     timestep_position = 1
+
+
+class MochiFamily(LatentVideoFamily):
+    """`MochiTransformer3DModel` (Mochi 1): asymmetric MMDiT blocks over the video's tokens and the text.
+
+    Each block's `attn1` (`MochiAttention`, a plain module that calls its `processor` attribute) gets the video as
+    `hidden_states` and the text as `encoder_hidden_states`, projects them apart, rotates the video's queries and keys
+    alone with `(cos, sin)` tables of `(N_video, heads, D/2)` for the whole batch, then attends per sample over the
+    video followed by that sample's valid text tokens, and returns `(video, text)`: `Layout.JOINT_IMAGE_FIRST`, the
+    tables over the video alone (`Rotary(covers_text=False, text_table=False)`: a merged row is rotated at its kept
+    token's position). Its mask, `(B, L_text)`, covers the text alone (the processor picks each sample's valid text
+    tokens itself), so it fits any number of merged rows and passes as it is (`masks_text_only`). The last block's
+    attention keeps no text output (`context_pre_only`); its video tokens merge all the same. `merge_mlp` merges the
+    video's feed-forward (`ff`); the text's (`ff_context`) is never merged.
+
+    The grid is the latent `(B, C, F, H, W)`'s frames over a square `patch_size`. Its pipeline batches the guidance
+    halves and passes `1000 (1 - sigma)` (its scheduler's `invert_sigmas`: 0 is pure noise), so `timestep()` gives
+    `1000 - t`. Its VAE is 8 pixels a latent pixel and 6 frames a latent frame after the first.
+
+    Example:
+        >>> from tome_processors.families import FAMILIES
+        >>> float(FAMILIES["mochi"]().timestep((None, None, torch.tensor(250.0)), {}))
+        750.0
+    """
+
+    guidance_in_batch = True  # its pipeline batches the guidance halves
+
+    name = "mochi"
+    model_class = MochiTransformer3DModel
+    stacks = (
+        Stack(
+            "transformer_blocks",
+            Layout.JOINT_IMAGE_FIRST,
+            attention="attn1",
+            feed_forward="ff",
+            built_with=MochiAttnProcessor2_0,
+        ),
+    )
+    rotary = Rotary(name="image_rotary_emb", position=2, covers_text=False, text_table=False)
+    masks_text_only = True  # `(B, L_text)`: the text's padding alone
+    timestep_position = 2  # forward(hidden_states, encoder_hidden_states, timestep, encoder_attention_mask)
+    frames_per_latent = 6  # `MochiPipeline.vae_temporal_scale_factor`
+    # `defaults` and `presets`: LatentVideoFamily's, borrowed from WanFamily; not measured on Mochi.
+
+    def timestep(self, args: tuple, kwargs: dict) -> object:
+        """The noise level on the 0..1000 scale: `1000 - t` (the pipeline passes `1000 (1 - sigma)`)."""
+        t = argument(args, kwargs, self.timestep_position, self.timestep_name)
+        return 1000.0 - t if t is not None else None
 
 
 class LatteFamily(PixArtFamily):
@@ -405,11 +453,5 @@ REFUSED: dict[type, str] = {
         "channels) sequence without a batch axis, and its attention gets both with four rotary tables "
         "(Cosmos3PackedMoTAttention, transformer_cosmos3.py). ToMe reads a block's first input as its image tokens and "
         "merges (batch, tokens, channels) tensors: ToMe cannot reach the video's tokens there."
-    ),
-    MochiTransformer3DModel: (
-        "Expected a model whose attention ToMe can merge, but got MochiTransformer3DModel: its attention "
-        "(MochiAttention, attention_processor.py) is a plain torch module, neither diffusers' Attention nor an "
-        "AttentionModuleMixin, with no set_processor, and the model has no set_attn_processor, so ToMe cannot put its "
-        "processor in place of Mochi's."
     ),
 }

@@ -1,5 +1,5 @@
-"""Cosmos Predict 2.5, MiniMax-H3, Allegro, EasyAnimate and Latte for the bench, each called as its pipeline calls it at
-the pipeline's default clip. Cosmos 3 and Mochi have no architecture here: ToMe refuses them (`families.REFUSED`), so
+"""Cosmos Predict 2.5, MiniMax-H3, Allegro, EasyAnimate, Latte and Mochi 1 for the bench, each called as its pipeline
+calls it at the pipeline's default clip. Cosmos 3 has no architecture here: ToMe refuses it (`families.REFUSED`), so
 there is nothing to bench.
 
 Cosmos's released config concatenates a padding mask to the latent, which its forward resizes with torchvision: the
@@ -18,6 +18,7 @@ from diffusers import (
     EasyAnimateTransformer3DModel,
     LatteTransformer3DModel,
     MiniMaxH3Transformer3DModel,
+    MochiTransformer3DModel,
 )
 
 from . import Arch, ArchInputs, VideoClip
@@ -91,6 +92,20 @@ LATTE_FULL = dict(
 LATTE_QUICK = dict(
     LATTE_FULL, num_attention_heads=2, attention_head_dim=4, num_layers=2, cross_attention_dim=8, caption_channels=8,
     sample_size=8, video_length=9,
+)  # fmt: skip
+
+# Mochi 1 (genmo/mochi-1-preview, transformer/): the class's defaults, which diffusers'
+# scripts/convert_mochi_to_diffusers.py builds (`MochiTransformer3DModel()`) and loads the released 48-block checkpoint
+# into strictly: 48 blocks of 24 heads x 128 (3,072 wide) beside a 1,536-wide text stream, T5-XXL's 4,096-wide prompt
+# padded to 256 tokens, its VAE's 12 latent channels under a 2 x 2 patch.
+MOCHI_FULL = dict(
+    patch_size=2, num_attention_heads=24, attention_head_dim=128, num_layers=48, pooled_projection_dim=1536,
+    in_channels=12, qk_norm="rms_norm", text_embed_dim=4096, time_embed_dim=256, activation_fn="swiglu",
+    max_sequence_length=256,
+)  # fmt: skip
+MOCHI_QUICK = dict(
+    MOCHI_FULL, num_attention_heads=2, attention_head_dim=8, num_layers=2, pooled_projection_dim=16, text_embed_dim=16,
+    time_embed_dim=4, max_sequence_length=16,
 )  # fmt: skip
 
 
@@ -192,6 +207,18 @@ def _latte_inputs(a: ArchInputs) -> dict[str, Any]:
     }
 
 
+def _mochi_inputs(a: ArchInputs) -> dict[str, Any]:
+    """`MochiPipeline`'s call: T5's prompt padded to 256 and its boolean mask (a long prompt's: every token valid), the
+    timestep `1000 (1 - sigma)` of its inverted-sigma scheduler mid-schedule."""
+    config, s = a.config, a.shape
+    return {
+        "hidden_states": a.randn(s.batch, config.in_channels, s.frames, s.height, s.width),
+        "encoder_hidden_states": a.randn(s.batch, s.text_tokens, config.text_embed_dim),
+        "timestep": _timestep(a),
+        "encoder_attention_mask": torch.ones(s.batch, s.text_tokens, device=a.device, dtype=torch.bool),
+    }
+
+
 ARCHS = (
     Arch(
         name="cosmos",
@@ -249,5 +276,18 @@ ARCHS = (
         video=VideoClip(height=512, width=512, frames=16, time_stride=1),  # its 16 frames, SD's VAE frame by frame
         depth_fields=("num_layers",),
         notes="Latte-1 text-to-video; its temporal blocks are never merged",
+    ),
+    Arch(
+        name="mochi",
+        model_class=MochiTransformer3DModel,
+        full=MOCHI_FULL,
+        quick=MOCHI_QUICK,
+        text_tokens=256,  # T5's prompt, padded to 256
+        inputs=_mochi_inputs,
+        # The pipeline's defaults: 19 frames of 480 x 848 px, 4 latent frames of 60 x 106 (its VAE: 6 frames a latent
+        # frame after the first, 8 px a latent pixel); its docs' example asks for 85 frames (`--frames 85`: 15).
+        video=VideoClip(height=480, width=848, frames=19, time_stride=6),
+        depth_fields=("num_layers",),
+        notes="Mochi 1 preview text-to-video; the text stream is never merged",
     ),
 )
