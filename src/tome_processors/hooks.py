@@ -201,6 +201,9 @@ class ModelHooks:
         if grid is None:
             state.reset()
             state.forward_skip = Skip.NO_MODEL_GRID  # what each attention ToMe merges in says (once per model)
+            why = None if is_compiling() else family.no_grid_reason(model, args, kwargs)
+            if why is not None:  # the family's own words for it, said once in place of the attentions'
+                report_skip(state.skips, Skip.NO_MODEL_GRID, message=why)
             return
         # A video family's grid is `(frames, h, w)`.
         frames = grid[0] if len(grid) == 3 else 1

@@ -453,6 +453,11 @@ class Family:
             return None
         return int(x.shape[-2]) // patch, int(x.shape[-1]) // patch
 
+    def no_grid_reason(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
+        """Why this forward gives no token grid, where the family can tell better than "no token grid" (the warning
+        ToMe gives once, `Skip.NO_MODEL_GRID`); None for the generic one."""
+        return None
+
     def trailing_tokens(self, args: tuple, kwargs: dict, grid: tuple[int, ...]) -> int:
         """Tokens after the grid's in the model's image-token input (`ModelState.tail`): 0 but on families that
         take reference images after the generated one's tokens and say so (`IdsGridFamily.reference_tail`)."""

@@ -40,7 +40,6 @@ from diffusers.models.transformers.transformer_easyanimate import EasyAnimateAtt
 from .._similarity import is_compiling
 from ..arguments import argument
 from ..parallel import sequence_shards
-from ..skips import Skip, SkipLog, report_skip
 from .base import AttentionSite, BlockSite, Family, Layout, Rotary, Span, Stack
 from .dit import PixArtFamily
 from .wan import WanFamily
@@ -311,7 +310,6 @@ class MiniMaxH3Family(Family):
     def __init__(self) -> None:
         self._last: tuple[weakref.ref, weakref.ref, object, int, tuple[int, int, int] | None] | None = None
         self._warned = False
-        self._skips = SkipLog()  # what it said of context parallelism (once per model: one family per model)
 
     def __getstate__(self) -> dict:  # a copy reads its position ids afresh (the last read holds weak references)
         return {**vars(self), "_last": None}
@@ -339,14 +337,14 @@ class MiniMaxH3Family(Family):
             return None
         return (1.0 - t.index_select(0, rows[-1:])) * 1000.0
 
-    def _say_unequal_shards(self, model: torch.nn.Module) -> None:
-        """Say once why MiniMax-H3 merges nothing under context parallelism (see the class doc)."""
-        report_skip(
-            self._skips,
-            Skip.NO_MODEL_GRID,
-            message=f"ToMe merges nothing in {type(model).__name__} under context parallelism: diffusers' plan splits "
-            "its packed sequence (text, conditions and audio, then the video) as one sequence, so the ranks hold "
-            "unequal shares of the video's tokens, and every rank must merge as many tokens. (Said once per model.)",
+    def no_grid_reason(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
+        """Under context parallelism: why MiniMax-H3 merges nothing there (see the class doc)."""
+        if sequence_shards(model) is None:
+            return None
+        return (
+            f"ToMe merges nothing in {type(model).__name__} under context parallelism: diffusers' plan splits its "
+            "packed sequence (text, conditions and audio, then the video) as one sequence, so the ranks hold unequal "
+            "shares of the video's tokens, and every rank must merge as many tokens. (Said once per model.)"
         )
 
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
@@ -355,8 +353,7 @@ class MiniMaxH3Family(Family):
         positions = argument(args, kwargs, 6, "position_ids")
         if not all(isinstance(t, torch.Tensor) for t in (x, tags, positions)) or x.ndim != 3:
             return None
-        if sequence_shards(model) is not None:
-            self._say_unequal_shards(model)
+        if sequence_shards(model) is not None:  # said by `no_grid_reason`
             return None
         if is_compiling():  # reading the ids is a host sync that a graph cannot hold: outside it (a graph break)
             return _read_grid_outside_the_graph(self, model, tags, positions, int(x.shape[1]))
