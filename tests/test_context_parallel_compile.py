@@ -26,6 +26,11 @@ import torch
 
 from parallel_harness import run_ranks
 
+#: One spawn of two ranks compiling a dozen cases for a minute or more: the heavy part (`-m slow`); the quick run keeps
+#: merging under context parallelism (tests/test_context_parallel.py) and compiling in one process
+#: (tests/test_host_cost.py, tests/test_copy_compile_fuse.py).
+pytestmark = pytest.mark.slow
+
 TIMESTEPS = (900, 600, 300)
 GRID = (4, 8, 8)  # latent frames, height, width: 4 x 4 x 4 tokens
 #: A rank's run starting mid-row: 3 frames of 3 x 4 tokens, 18 a rank (4 rows of 4, and 2 merged as edges).

@@ -28,6 +28,11 @@ import pytest
 
 from parallel_harness import run_ranks
 
+#: One spawn of two ranks measuring the trained models for a minute or more: the heavy part (`-m slow`); the quick run
+#: keeps the presets' bounds in one process (tests/test_trained_shapes.py) and merging under context parallelism
+#: (tests/test_context_parallel.py).
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("skimage")
 
 #: The probe of tests/test_trained_shapes.py: two held-out crops per photo (two clips per photo and motion).
