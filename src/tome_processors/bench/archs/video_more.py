@@ -25,11 +25,13 @@ from . import Arch, ArchInputs, VideoClip
 
 # Cosmos-Predict2.5-2B (nvidia/Cosmos-Predict2.5-2B, "Cosmos-2.5-Predict-Base-2B" in diffusers'
 # scripts/convert_cosmos_to_diffusers.py): 28 blocks of 16 heads x 128, the condition-mask and padding-mask channels,
-# Cosmos-Reason1's 28 hidden layers of 3,584 (100,352 channels) projected to the cross-attention's 1,024.
+# Cosmos-Reason1's 28 hidden layers of 3,584 (100,352 channels) projected to the cross-attention's 1,024. The padding
+# mask is left out here (`concat_padding_mask=False`): the model resizes it with torchvision, which the bench does not
+# need; it is one input channel of the patch embedding, the blocks are the same.
 COSMOS_FULL = dict(
     in_channels=16 + 1, out_channels=16, num_attention_heads=16, attention_head_dim=128, num_layers=28, mlp_ratio=4.0,
     text_embed_dim=1024, adaln_lora_dim=256, max_size=(128, 240, 240), patch_size=(1, 2, 2), rope_scale=(1.0, 3.0, 3.0),
-    concat_padding_mask=True, extra_pos_embed_type=None, use_crossattn_projection=True,
+    concat_padding_mask=False, extra_pos_embed_type=None, use_crossattn_projection=True,
     crossattn_proj_in_channels=100352, encoder_hidden_states_channels=1024,
 )  # fmt: skip
 COSMOS_QUICK = dict(
