@@ -201,9 +201,6 @@ class ModelHooks:
         if grid is None:
             state.reset()
             state.forward_skip = Skip.NO_MODEL_GRID  # what each attention ToMe merges in says (once per model)
-            why = None if is_compiling() else family.no_grid_reason(model, args, kwargs)
-            if why is not None:  # the family's own words for it, said once in place of the attentions'
-                report_skip(state.skips, Skip.NO_MODEL_GRID, message=why)
             return
         # A video family's grid is `(frames, h, w)`.
         frames = grid[0] if len(grid) == 3 else 1
@@ -211,10 +208,13 @@ class ModelHooks:
         tail = family.trailing_tokens(args, kwargs, grid)
         shard = None
         if shards is not None:  # context parallelism: this rank's blocks see one run of the tokens
+            # Tokens the blocks get ahead of the grid's, split with it as one sequence (MiniMax-H3's text and audio)
+            lead = family.leading_tokens(args, kwargs, grid)
             # Image tokens beyond the grid's that the family passes through (Qwen-Image-Edit's reference image)
             # split with it as one sequence, as a tail does.
-            tail = tail or self._tokens_beyond_grid(args, kwargs, frames * grid[-2] * grid[-1])
-            shard = self._local_grid(model, grid[-2:], frames, shards, tail)
+            if lead is None:
+                tail = tail or self._tokens_beyond_grid(args, kwargs, frames * grid[-2] * grid[-1])
+            shard = self._local_grid(model, grid[-2:], frames, shards, tail, lead or 0)
             if shard is None:
                 state.reset()
                 state.forward_skip = Skip.SHARD  # said once by `_local_grid`; the attentions say no more
@@ -263,13 +263,14 @@ class ModelHooks:
         return self._shards
 
     def _local_grid(
-        self, model: torch.nn.Module, grid: tuple[int, int], frames: int, shards: Shards, tail: int
+        self, model: torch.nn.Module, grid: tuple[int, int], frames: int, shards: Shards, tail: int, lead: int = 0
     ) -> LocalGrid | None:
-        """This rank's grid under context parallelism, or None (said once) where its tokens form none."""
+        """This rank's grid under context parallelism (`lead` tokens ahead of the grid's in the split sequence), or
+        None (said once) where its tokens form none."""
         context = model._parallel_config.context_parallel_config
         uneven = uneven_split(context)
         window_frames = self.model_state.config.st
-        shard = None if uneven or tail else local_grid((frames, *grid), shards, window_frames)
+        shard = None if uneven or tail else local_grid((frames, *grid), shards, window_frames, lead)
         if shard is None:
             state = self.model_state
             if uneven:
@@ -278,6 +279,12 @@ class ModelHooks:
                 why = (
                     f"the image's tokens and {tail} others after them (reference images), split as one sequence, so "
                     "a rank may hold no generated token. Run edits without context parallelism to merge"
+                )
+            elif lead:
+                why = (
+                    f"{lead} other tokens, then {frames}x{grid[0]}x{grid[1]} tokens, split as one sequence over "
+                    f"{shards.count} ranks, so that a rank holds less than a row of them, or the sequence splits "
+                    "unevenly. Choose a size that gives each rank a row of the video or more"
                 )
             else:
                 why = (
@@ -613,7 +620,7 @@ def enter_block(block_state: BlockState, args: tuple, kwargs: dict, site: BlockS
     if shard is not None and hidden_states.ndim == 3 and hidden_states.shape[1] == shard.whole_tokens:
         # Context parallelism that splits at this block's input (Wan's and Qwen-Image's first block): its pre-hook
         # runs before diffusers' split, so the metric is this rank's run of the whole input.
-        hidden_states = hidden_states[:, shard.start : shard.start + shard.tokens]
+        hidden_states = hidden_states[:, shard.start : shard.start + shard.run]
     latent_hw = model.latent_hw
     if site is not None and latent_hw is not None:
         grid_tokens = model.frames * latent_hw[0] * latent_hw[1] + (shard.extra if shard is not None else 0)

@@ -24,13 +24,21 @@ A shard is merged as:
   rows and as long a rest, so every rank merges as many tokens;
 - else (a shard shorter than one row, or tokens that do not divide by P) not at all, with one warning (skips.py).
 
+Where other tokens open the split sequence ahead of the grid's (`lead`: MiniMax-H3's text and audio ahead of its
+video), the ranks hold unequal shares of the grid: the first rank the lead and the grid's start, the others the grid
+alone. Every rank then merges the last `k` grid tokens of its run, `k` the fewest any rank holds, as rows (or frames)
+counted from the first of them; the tokens of its run ahead of those (`LocalGrid.lead`) pass through as the text
+does. Every rank merges as many tokens; a rank holding more of the grid merges a smaller share of it.
+
 Example:
     >>> local_grid((4, 8, 8), Shards(2, 1))
-    LocalGrid(frames=2, h=8, w=8, start=128, whole_tokens=256, extra=0)
+    LocalGrid(frames=2, h=8, w=8, start=128, whole_tokens=256, extra=0, lead=0)
     >>> local_grid((1, 8, 6), Shards(4, 0)).h
     2
     >>> local_grid((3, 3, 4), Shards(2, 1))  # 18 tokens a rank: 4 rows of 4 from token 18 on, and 2 after them
-    LocalGrid(frames=1, h=4, w=4, start=18, whole_tokens=36, extra=2)
+    LocalGrid(frames=1, h=4, w=4, start=18, whole_tokens=36, extra=2, lead=0)
+    >>> local_grid((2, 4, 4), Shards(2, 1), lead=6)  # 19 a rank: rank 0's last 13 grid tokens, rank 1's too
+    LocalGrid(frames=1, h=3, w=4, start=19, whole_tokens=38, extra=1, lead=6)
 """
 
 from __future__ import annotations
@@ -52,7 +60,8 @@ class Shards(NamedTuple):
 
 @dataclass(frozen=True)
 class LocalGrid:
-    """The grid of one rank's tokens: `frames` x `h` x `w`, starting at token `start` of `whole_tokens`."""
+    """The grid of one rank's tokens: `frames` x `h` x `w`, its run starting at token `start` of the `whole_tokens`
+    the sequence splits."""
 
     frames: int
     h: int
@@ -62,11 +71,18 @@ class LocalGrid:
     #: Tokens after the grid's (a shard that ends mid-row or mid-frame): fewer than a frame (a row where `frames`
     #: is 1), merged as the grid's edges (`GridLayout.extra`).
     extra: int = 0
+    #: Tokens of the run ahead of its grid, passed through unmerged (a sequence that opens with other tokens).
+    lead: int = 0
 
     @property
     def tokens(self) -> int:
-        """The tokens this rank holds."""
+        """The grid tokens this rank merges from."""
         return self.frames * self.h * self.w + self.extra
+
+    @property
+    def run(self) -> int:
+        """The tokens this rank holds."""
+        return self.lead + self.tokens
 
 
 def sequence_shards(model: torch.nn.Module) -> Shards | None:
@@ -94,30 +110,37 @@ def uneven_split(context: Any) -> bool:
     return bool(getattr(context, "ulysses_anything", False) or getattr(context, "ring_anything", False))
 
 
-def local_grid(grid: tuple[int, ...], shards: Shards, window_frames: int = 1) -> LocalGrid | None:
+def local_grid(grid: tuple[int, ...], shards: Shards, window_frames: int = 1, lead: int = 0) -> LocalGrid | None:
     """The grid of the tokens rank `shards.rank` holds of the whole `grid` (`(H, W)` or `(F, H, W)`), or None where
     they form none (the tokens do not divide by the ranks, or a shard is shorter than a row). `window_frames`: the
-    frames one merge window spans (`ToMeConfig.st`). Module doc: how.
+    frames one merge window spans (`ToMeConfig.st`); `lead`: tokens ahead of the grid's in the split sequence.
+    Module doc: how.
 
     Example:
         >>> local_grid((3, 4, 4), Shards(2, 0))  # 24 tokens: 6 rows of 4, across frames 0 and 1
-        LocalGrid(frames=1, h=6, w=4, start=0, whole_tokens=48, extra=0)
+        LocalGrid(frames=1, h=6, w=4, start=0, whole_tokens=48, extra=0, lead=0)
         >>> local_grid((5, 2, 4), Shards(2, 1), window_frames=2)  # 20 tokens from mid-frame: 2 frames of 8, 4 after
-        LocalGrid(frames=2, h=2, w=4, start=20, whole_tokens=40, extra=4)
+        LocalGrid(frames=2, h=2, w=4, start=20, whole_tokens=40, extra=4, lead=0)
         >>> local_grid((1, 3, 3), Shards(2, 0)) is None
         True
     """
     frames, height, width = (1, *grid) if len(grid) == 2 else grid
-    whole = frames * height * width
+    whole = lead + frames * height * width
     if whole % shards.count:
         return None
-    tokens = whole // shards.count
-    start = shards.rank * tokens
-    if frames % shards.count == 0:
+    run = whole // shards.count
+    start = shards.rank * run
+    # The grid tokens each rank merges from: the last `tokens` of its run, as many on every rank (the first rank's,
+    # behind the lead, are the fewest).
+    tokens = run - lead
+    if tokens <= 0:
+        return None
+    ahead = run - tokens  # this rank's tokens before them
+    if lead == 0 and frames % shards.count == 0:
         return LocalGrid(frames // shards.count, height, width, start, whole)
     frame = height * width
-    if frames > 1 and window_frames > 1 and tokens // frame >= window_frames:  # frames from the shard's first token
-        return LocalGrid(tokens // frame, height, width, start, whole, extra=tokens % frame)
-    if tokens >= width:  # rows of the width from the shard's first token; what is left of a row after them: `extra`
-        return LocalGrid(1, tokens // width, width, start, whole, extra=tokens % width)
+    if frames > 1 and window_frames > 1 and tokens // frame >= window_frames:  # frames from the first grid token
+        return LocalGrid(tokens // frame, height, width, start, whole, extra=tokens % frame, lead=ahead)
+    if tokens >= width:  # rows of the width from the first grid token; what is left of a row after them: `extra`
+        return LocalGrid(1, tokens // width, width, start, whole, extra=tokens % width, lead=ahead)
     return None

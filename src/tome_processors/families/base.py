@@ -453,9 +453,10 @@ class Family:
             return None
         return int(x.shape[-2]) // patch, int(x.shape[-1]) // patch
 
-    def no_grid_reason(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
-        """Why this forward gives no token grid, where the family can tell better than "no token grid" (the warning
-        ToMe gives once, `Skip.NO_MODEL_GRID`); None for the generic one."""
+    def leading_tokens(self, args: tuple, kwargs: dict, grid: tuple[int, ...]) -> int | None:
+        """Tokens the blocks get ahead of the grid's in one sequence that context parallelism splits with it
+        (MiniMax-H3's text, conditions and audio ahead of its video), or None on families whose split sequence is
+        the grid's tokens (and any `trailing_tokens`) alone (`parallel.local_grid`)."""
         return None
 
     def trailing_tokens(self, args: tuple, kwargs: dict, grid: tuple[int, ...]) -> int:

@@ -15,6 +15,7 @@ By how their attention gets the video's tokens:
 
 from __future__ import annotations
 
+import math
 import warnings
 import weakref
 from typing import Any
@@ -39,7 +40,6 @@ from diffusers.models.transformers.transformer_easyanimate import EasyAnimateAtt
 
 from .._similarity import is_compiling
 from ..arguments import argument
-from ..parallel import sequence_shards
 from .base import AttentionSite, BlockSite, Family, Layout, Rotary, Span, Stack
 from .dit import PixArtFamily
 from .wan import WanFamily
@@ -277,8 +277,9 @@ class MiniMaxH3Family(Family):
     timestep is the video rows' `t = 1 - sigma` (1 is clean): `timestep()` takes the last row's.
 
     Under diffusers' context parallelism (its `_cp_plan` splits the packed sequence at the first block) the ranks hold
-    unequal shares of the video's tokens behind the text and audio, and each rank must merge as many tokens: ToMe
-    merges nothing there and says so. The token refiner's blocks attend over the text alone and are not declared.
+    unequal shares of the video's tokens, the first rank's behind the text and audio (`leading_tokens`): every rank
+    merges as many of its last video tokens as the first rank holds (`parallel.local_grid`). The token refiner's blocks
+    attend over the text alone and are not declared.
 
     Example:
         >>> from tome_processors.families import FAMILIES
@@ -337,23 +338,18 @@ class MiniMaxH3Family(Family):
             return None
         return (1.0 - t.index_select(0, rows[-1:])) * 1000.0
 
-    def no_grid_reason(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> str | None:
-        """Under context parallelism: why MiniMax-H3 merges nothing there (see the class doc)."""
-        if sequence_shards(model) is None:
+    def leading_tokens(self, args: tuple, kwargs: dict, grid: tuple[int, ...]) -> int | None:
+        """The packed sequence's rows ahead of the generated video's: text, conditions and audio."""
+        tags = argument(args, kwargs, 5, "token_tags")
+        if not isinstance(tags, torch.Tensor) or tags.ndim != 1:
             return None
-        return (
-            f"ToMe merges nothing in {type(model).__name__} under context parallelism: diffusers' plan splits its "
-            "packed sequence (text, conditions and audio, then the video) as one sequence, so the ranks hold unequal "
-            "shares of the video's tokens, and every rank must merge as many tokens. (Said once per model.)"
-        )
+        return int(tags.shape[0]) - math.prod(grid)
 
     def token_grid(self, model: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, int] | None:
         x = argument(args, kwargs, 0, "hidden_states")
         tags = argument(args, kwargs, 5, "token_tags")
         positions = argument(args, kwargs, 6, "position_ids")
         if not all(isinstance(t, torch.Tensor) for t in (x, tags, positions)) or x.ndim != 3:
-            return None
-        if sequence_shards(model) is not None:  # said by `no_grid_reason`
             return None
         if is_compiling():  # reading the ids is a host sync that a graph cannot hold: outside it (a graph break)
             return _read_grid_outside_the_graph(self, model, tags, positions, int(x.shape[1]))
