@@ -150,7 +150,9 @@ ARCHS = (
                    axes_dims_rope=(4, 2, 2)),
         text_tokens=512,  # Krea2Pipeline pads the prompt to max_sequence_length (512) inside its template
         inputs=krea2_inputs,
-        depth_fields=("num_layers",),
+        # Its text fusion's blocks (over 12 tapped layers of each of 512 text tokens) run once a forward, two of each
+        # kind for 28 image blocks: `--layers` caps them too, or one image block's forward would be a third fusion.
+        depth_fields=("num_layers", "num_layerwise_text_blocks", "num_refiner_text_blocks"),
         space_stride=SPACE_STRIDE,
         notes="single-stream blocks over text then image; a key-padding mask over the text",
     ),
