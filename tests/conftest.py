@@ -49,18 +49,6 @@ SLOW_REPEATS: dict[str, str] = {
     r"tests/test_stacking.py::test_tome_merges_on_a_quantized_unet\[torchao-int8-dynamic-.*\]": (
         "[torchao-int8-weight-only-...]"
     ),
-    # A family's pipeline with `set_attn_processor(ToMeProcessor(...))`, and `explain_tome` on it: the plan's own code,
-    # kept quick on families whose processors need glue of their own to be set (`families.set_processor`, a token
-    # refiner's default, a block-causal stream); every family's pipeline stays quick with `apply_tome` and
-    # `pipe.enable_tome()`.
-    r"tests/test_family_table.py::test_pipeline_with_set_attn_processor"
-    r"\[(?!mochi\]|hunyuanimage\]|qwenimage21\]|krea2\]|wan_animate\]|sana\]|cogvideox\]).*\]": (
-        "[mochi], [hunyuanimage], [qwenimage21], [krea2], [wan_animate], [sana], [cogvideox]"
-    ),
-    r"tests/test_family_table.py::test_explain_tome_counts_the_tokens_the_model_gets"
-    r"\[(?!mochi\]|krea2\]|wan_animate\]|qwenimage21\]|hunyuanvideo-framepack\]).*\]": (
-        "[mochi], [krea2], [wan_animate], [qwenimage21], [hunyuanvideo-framepack]"
-    ),
     # Bench rows at the real width: PixArt's stays quick.
     r"tests/test_dit.py::test_bench_rows_for_transformer_architectures\[(?!pixart\]).*\]": "[pixart]",
 }
